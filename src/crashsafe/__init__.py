@@ -1,0 +1,51 @@
+"""crashsafe: crash-consistent, verified, compressed checkpoints for machine-learning training.
+
+>>> import crashsafe as cs
+>>> mgr = cs.CheckpointManager("ckpt", keep_last=3)           # doctest: +SKIP
+>>> mgr.save(step, {"model": model, "optim": optim, "rng": cs.RNGState()})  # doctest: +SKIP
+"""
+
+from crashsafe import codecs, policies
+from crashsafe.errors import (
+    CheckpointExistsError,
+    CodecError,
+    CorruptCheckpointError,
+    CorruptCheckpointWarning,
+    CrashsafeError,
+    DiskFullError,
+    LockedError,
+    NoCheckpointError,
+    SaveFailedError,
+    StorageError,
+    UnsupportedStateError,
+)
+from crashsafe.manager import CheckpointManager, SaveStats
+from crashsafe.state.rng import RNGState
+from crashsafe.state.tree import Stateful
+from crashsafe.verify import StepReport, VerifyReport, verify
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CheckpointExistsError",
+    "CheckpointManager",
+    "CodecError",
+    "CorruptCheckpointError",
+    "CorruptCheckpointWarning",
+    "CrashsafeError",
+    "DiskFullError",
+    "LockedError",
+    "NoCheckpointError",
+    "RNGState",
+    "SaveFailedError",
+    "SaveStats",
+    "Stateful",
+    "StepReport",
+    "StorageError",
+    "UnsupportedStateError",
+    "VerifyReport",
+    "__version__",
+    "codecs",
+    "policies",
+    "verify",
+]

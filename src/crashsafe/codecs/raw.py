@@ -1,0 +1,33 @@
+"""The identity codec: little-endian C-order bytes, written straight from the staging buffer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from crashsafe.codecs.base import BytesLike, Codec
+from crashsafe.codecs.registry import register_codec
+from crashsafe.errors import CodecError
+
+__all__ = ["Raw"]
+
+
+@register_codec
+@dataclass(frozen=True)
+class Raw(Codec):
+    """Store bytes as they are (zero-copy)."""
+
+    codec_id = "raw"
+
+    def encode(self, array: np.ndarray[Any, Any]) -> BytesLike:
+        return memoryview(array.reshape(-1).view(np.uint8))
+
+    def decode(self, data: BytesLike, dtype: np.dtype[Any], shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
+        raw = np.frombuffer(data, dtype=np.uint8)
+        expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if raw.size != expected:
+            raise CodecError(f"raw payload has {raw.size} bytes, expected {expected}")
+        out = raw.view(dtype).reshape(shape)
+        return out if out.flags.writeable else out.copy()

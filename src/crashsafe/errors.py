@@ -1,0 +1,65 @@
+"""One error hierarchy. Every message names the problem and the next step.
+
+Each subclass also inherits the matching builtin (``TypeError``, ``OSError``, ...) so callers
+that already catch builtins keep working.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CheckpointExistsError",
+    "CodecError",
+    "CorruptCheckpointError",
+    "CorruptCheckpointWarning",
+    "CrashsafeError",
+    "DiskFullError",
+    "LockedError",
+    "NoCheckpointError",
+    "SaveFailedError",
+    "StorageError",
+    "UnsupportedStateError",
+]
+
+
+class CrashsafeError(Exception):
+    """Base class of every error crashsafe raises."""
+
+
+class UnsupportedStateError(CrashsafeError, TypeError):
+    """The state contains a value crashsafe cannot checkpoint; the message names its path."""
+
+
+class LockedError(CrashsafeError, RuntimeError):
+    """Another writer holds the checkpoint directory."""
+
+
+class NoCheckpointError(CrashsafeError, FileNotFoundError):
+    """No committed checkpoint exists where one was asked for."""
+
+
+class CheckpointExistsError(CrashsafeError, FileExistsError):
+    """A step is already committed; committed checkpoints are never overwritten."""
+
+
+class CorruptCheckpointError(CrashsafeError, ValueError):
+    """A checkpoint failed verification (checksum, structure or missing file)."""
+
+
+class CorruptCheckpointWarning(UserWarning):
+    """Issued when restore skips a damaged checkpoint and falls back to an older one."""
+
+
+class StorageError(CrashsafeError, OSError):
+    """The storage refused an operation (permissions, missing directory, I/O error)."""
+
+
+class DiskFullError(StorageError):
+    """The device ran out of space while writing a checkpoint."""
+
+
+class SaveFailedError(CrashsafeError, RuntimeError):
+    """A background save failed; committed checkpoints are untouched."""
+
+
+class CodecError(CrashsafeError, ValueError):
+    """A codec was misconfigured, unknown, or given data it cannot encode."""

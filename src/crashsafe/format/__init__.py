@@ -1,0 +1,1 @@
+"""The on-disk format: JSON manifest + raw buffers; never pickle."""

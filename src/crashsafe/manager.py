@@ -1,0 +1,462 @@
+"""CheckpointManager: policy -> snapshot -> encode -> persist -> commit -> retention, and restore.
+
+The training loop waits only for the snapshot (a copy into reusable staging buffers); encoding,
+writing, fsync, the atomic commit and retention run in one background thread. At most one save
+is in flight: a new save first waits for the previous one, whose error (if any) it raises.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import math
+import os
+import signal
+import threading
+import time
+import warnings
+from collections.abc import Mapping, MutableMapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import Any
+
+import numpy as np
+
+from crashsafe.codecs.base import Codec
+from crashsafe.codecs.registry import get_codec
+from crashsafe.errors import (
+    CheckpointExistsError,
+    CorruptCheckpointError,
+    CorruptCheckpointWarning,
+    CrashsafeError,
+    NoCheckpointError,
+    SaveFailedError,
+    UnsupportedStateError,
+)
+from crashsafe.format.dtypes import FLOAT_DTYPES
+from crashsafe.format.manifest import Manifest, PayloadEntry
+from crashsafe.policies.base import EverySteps, SaveContext, SavePolicy
+from crashsafe.policies.retention import steps_to_delete, validate_retention
+from crashsafe.state.rebuild import apply_into, to_value, unflatten
+from crashsafe.state.staging import StagingPool, view_bytes
+from crashsafe.state.tree import ArrayLeaf, flatten
+from crashsafe.storage.layout import committed_steps, leftovers
+from crashsafe.storage.lock import WriterLock
+from crashsafe.storage.reader import StepReader
+from crashsafe.storage.writer import StepWriter, delete_step, remove_leftovers, storage_error
+
+__all__ = ["CheckpointManager", "CodecSpec", "SaveStats"]
+
+CodecSpec = str | Codec | Mapping[str, str | Codec] | None
+_VERSION = "0.1.0"
+
+
+@dataclass(frozen=True)
+class SaveStats:
+    """Measured cost of one committed save (seconds and bytes)."""
+
+    step: int
+    stall: float
+    persist: float
+    raw_bytes: int
+    stored_bytes: int
+
+
+class CheckpointManager:
+    """Saves and restores training state in ``directory``, one ``step_<n>`` per committed step.
+
+    Args:
+        directory: where checkpoints live (created if missing).
+        keep_last: keep the newest N committed steps (None keeps all).
+        keep_every: also keep every step that is a multiple of this.
+        async_save: persist in a background thread after a memcpy snapshot.
+        codec: one codec (``"raw"``, ``"zstd"``, a Codec) or ``{glob: codec}`` by state path.
+        policy: decides ``maybe_save``; default saves at every call.
+        read_only: open for reading only (no lock; save is refused).
+        save_on_sigterm: on SIGTERM, the next ``save``/``maybe_save`` commits, then exits (143).
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        keep_last: int | None = 3,
+        keep_every: int | None = None,
+        async_save: bool = True,
+        codec: CodecSpec = None,
+        policy: SavePolicy | None = None,
+        read_only: bool = False,
+        save_on_sigterm: bool = False,
+    ) -> None:
+        validate_retention(keep_last, keep_every)
+        self.directory = Path(directory)
+        self.keep_last = keep_last
+        self.keep_every = keep_every
+        self.async_save = async_save
+        self.read_only = read_only
+        self.policy: SavePolicy = policy if policy is not None else EverySteps(1)
+        self._codecs = _parse_codecs(codec)
+        self._lock: WriterLock | None = None
+        self._pool = StagingPool() if async_save else None
+        self._executor: ThreadPoolExecutor | None = None
+        self._pending: Future[SaveStats] | None = None
+        self._pending_step: int | None = None
+        self._stats: list[SaveStats] = []
+        self._started = time.perf_counter()
+        self._stalled = 0.0
+        self._last_save: tuple[int, float] | None = None
+        self._preempted = threading.Event()
+        self._previous_handler: Any = None
+        self._closed = False
+        if read_only:
+            if not self.directory.is_dir():
+                raise NoCheckpointError(f"checkpoint directory {self.directory} does not exist")
+            return
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise storage_error(exc, f"creating the checkpoint directory {self.directory}") from None
+        self._lock = WriterLock(self.directory)
+        remove_leftovers(leftovers(self.directory))
+        if async_save:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="crashsafe-persist")
+        if save_on_sigterm:
+            self._install_sigterm()
+
+    # ----------------------------------------------------------------------------- saving
+
+    def save(self, step: int, state: Mapping[str, Any], metrics: Mapping[str, Any] | None = None) -> None:
+        """Checkpoint ``state`` as ``step``. Returns once the state is copied (async) or committed."""
+        self._check_writable()
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+            raise ValueError(f"step must be a non-negative int, got {step!r}")
+        step = int(step)
+        if not isinstance(state, Mapping):
+            raise UnsupportedStateError(f"state must be a dict of named values, got a {type(state).__name__}")
+        begin = time.perf_counter()
+        self._wait_pending()
+        if step in committed_steps(self.directory):
+            raise CheckpointExistsError(
+                f"step {step} is already committed in {self.directory}; committed checkpoints are "
+                "never overwritten. Save under a new step, or delete it with `crashsafe gc`."
+            )
+        clean_metrics = _clean_metrics(metrics)
+        tree, leaves = flatten(state)
+        arrays = (
+            self._pool.capture(leaves) if self._pool is not None else [view_bytes(leaf) for leaf in leaves]
+        )
+        stall = time.perf_counter() - begin
+        self._stalled += stall
+        self._last_save = (step, self._train_time())
+
+        def persist() -> SaveStats:
+            return self._persist(step, tree, leaves, arrays, clean_metrics, stall)
+
+        if self._executor is None:
+            self._stats.append(persist())
+        else:
+            self._pending = self._executor.submit(persist)
+            self._pending_step = step
+        if self._preempted.is_set():
+            self._exit_after_preemption()
+
+    def maybe_save(
+        self, step: int, state: Mapping[str, Any], metrics: Mapping[str, Any] | None = None
+    ) -> bool:
+        """Save if the policy says so (or a SIGTERM arrived); return whether it saved."""
+        if self._preempted.is_set():
+            if self._last_save is None or self._last_save[0] != step:
+                self.save(step, state, metrics)
+            self._exit_after_preemption()
+        context = self.context(step, metrics)
+        if not self.policy.should_save(context):
+            return False
+        self.save(step, state, metrics)
+        return True
+
+    def context(self, step: int, metrics: Mapping[str, Any] | None = None) -> SaveContext:
+        """The facts a policy decides on, as measured by this manager."""
+        stats = self._stats[-5:]
+        return SaveContext(
+            step=step,
+            train_time=self._train_time(),
+            last_save_step=self._last_save[0] if self._last_save else None,
+            last_save_train_time=self._last_save[1] if self._last_save else None,
+            stall=sum(s.stall for s in stats) / len(stats) if stats else None,
+            persist=sum(s.persist for s in stats) / len(stats) if stats else None,
+            saves=len(self._stats),
+            metrics=dict(metrics or {}),
+        )
+
+    def wait(self) -> None:
+        """Block until every pending save is committed; raise its error if it failed."""
+        self._wait_pending()
+
+    @property
+    def stats(self) -> list[SaveStats]:
+        """Costs of the saves this manager committed, oldest first."""
+        return list(self._stats)
+
+    @property
+    def preempted(self) -> bool:
+        """True once SIGTERM arrived (with ``save_on_sigterm=True``)."""
+        return self._preempted.is_set()
+
+    def _train_time(self) -> float:
+        return time.perf_counter() - self._started - self._stalled
+
+    def _persist(
+        self,
+        step: int,
+        tree: dict[str, Any],
+        leaves: list[ArrayLeaf],
+        arrays: list[np.ndarray[Any, Any]],
+        metrics: dict[str, Any],
+        stall: float,
+    ) -> SaveStats:
+        begin = time.perf_counter()
+        writer = StepWriter(self.directory, step)
+        try:
+            entries = []
+            for leaf, array in zip(leaves, arrays, strict=True):
+                codec = self._codec_for(leaf)
+                file, offset, nbytes, digest = writer.write_payload(codec.encode(array))
+                entries.append(
+                    PayloadEntry(
+                        leaf.path,
+                        leaf.kind,
+                        leaf.dtype,
+                        leaf.shape,
+                        file,
+                        offset,
+                        nbytes,
+                        digest,
+                        codec.get_config(),
+                    )
+                )
+            manifest = Manifest(
+                step=step,
+                created=time.time(),
+                tree=tree,
+                payloads=tuple(entries),
+                files={"data.bin": writer.offset},
+                metrics=metrics,
+                info={"crashsafe": _VERSION},
+            )
+            writer.commit(manifest)
+        except BaseException:
+            writer.abort()
+            raise
+        self._apply_retention()
+        stats = SaveStats(
+            step, stall, time.perf_counter() - begin, manifest.raw_nbytes, manifest.stored_nbytes
+        )
+        return stats
+
+    def _codec_for(self, leaf: ArrayLeaf) -> Codec:
+        for pattern, codec in self._codecs:
+            if fnmatch.fnmatchcase(leaf.path, pattern):
+                if codec.lossy and (leaf.dtype not in FLOAT_DTYPES or leaf.kind == "bytes"):
+                    continue
+                return codec
+        return get_codec("raw")
+
+    def _apply_retention(self) -> None:
+        for step in steps_to_delete(committed_steps(self.directory), self.keep_last, self.keep_every):
+            delete_step(self.directory, step)
+
+    def _wait_pending(self) -> None:
+        pending, step = self._pending, self._pending_step
+        if pending is None:
+            return
+        self._pending = self._pending_step = None
+        try:
+            self._stats.append(pending.result())
+        except CrashsafeError:
+            raise
+        except Exception as exc:
+            raise SaveFailedError(
+                f"saving step {step} in the background failed: {exc!r}. Committed checkpoints are intact."
+            ) from exc
+
+    def _check_writable(self) -> None:
+        if self._closed:
+            raise CrashsafeError("this CheckpointManager is closed; create a new one")
+        if self.read_only:
+            raise CrashsafeError(
+                f"{self.directory} was opened read_only; open it without read_only=True to save"
+            )
+
+    # ----------------------------------------------------------------------------- reading
+
+    def steps(self) -> list[int]:
+        """Committed steps, ascending."""
+        return committed_steps(self.directory)
+
+    def latest_step(self) -> int | None:
+        """The newest committed step, or None."""
+        steps = self.steps()
+        return steps[-1] if steps else None
+
+    def manifest(self, step: int | None = None) -> Manifest:
+        """The validated manifest of ``step`` (default: the newest)."""
+        from crashsafe.storage.reader import read_manifest
+
+        if step is None:
+            step = self.latest_step()
+            if step is None:
+                raise NoCheckpointError(f"no committed checkpoint in {self.directory}")
+        return read_manifest(self.directory, step)
+
+    def load(self, step: int | None = None, *, numpy: bool = False) -> dict[str, Any]:
+        """The state as saved: tensors, arrays and python values, checksums verified.
+
+        With ``step=None`` the newest intact step is read; damaged newer steps are skipped with a
+        :class:`CorruptCheckpointWarning`. An explicit damaged ``step`` raises.
+        """
+        return self._load(step, numpy)[1]
+
+    def restore(self, state: MutableMapping[str, Any], step: int | None = None) -> int | None:
+        """Load a checkpoint into ``state`` in place; return its step, or None if there is none.
+
+        Modules, optimizers and schedulers get ``load_state_dict``; tensors and arrays are copied
+        into; python values in dicts and lists are replaced.
+        """
+        if not isinstance(state, MutableMapping):
+            raise UnsupportedStateError(
+                f"restore needs the dict of live objects, got a {type(state).__name__}"
+            )
+        if not self.read_only:
+            self._wait_pending()
+        if step is None and not self.steps():
+            return None
+        found, saved = self._load(step, numpy=False)
+        apply_into(state, saved)
+        return found
+
+    def _load(self, step: int | None, numpy: bool) -> tuple[int, dict[str, Any]]:
+        if not self.read_only and not self._closed:
+            self._wait_pending()
+        if step is not None:
+            return step, self._read(step, numpy)
+        steps = self.steps()
+        if not steps:
+            raise NoCheckpointError(f"no committed checkpoint in {self.directory}; nothing to load")
+        damage: list[str] = []
+        for candidate in reversed(steps):
+            try:
+                state = self._read(candidate, numpy)
+            except CorruptCheckpointError as exc:
+                damage.append(str(exc))
+                warnings.warn(
+                    f"skipping damaged checkpoint: {exc}. Falling back to an older step.",
+                    CorruptCheckpointWarning,
+                    stacklevel=3,
+                )
+                continue
+            except NoCheckpointError:
+                continue  # deleted by retention while we looked
+            return candidate, state
+        raise CorruptCheckpointError(
+            f"every checkpoint in {self.directory} is damaged: "
+            + "; ".join(damage)
+            + ". Run `crashsafe verify` for details."
+        )
+
+    def _read(self, step: int, numpy: bool) -> dict[str, Any]:
+        try:
+            with StepReader(self.directory, step) as reader:
+                manifest = reader.manifest
+                values = [to_value(e.kind, e.dtype, reader.read(e), numpy) for e in manifest.payloads]
+        except OSError as exc:
+            if isinstance(exc, CrashsafeError):
+                raise
+            raise storage_error(exc, f"reading step {step} from {self.directory}") from None
+        state = unflatten(manifest.tree, values)
+        if not isinstance(state, dict):
+            raise CorruptCheckpointError(f"step {step}: the saved state is not a dict")
+        return state
+
+    # ----------------------------------------------------------------------------- lifecycle
+
+    def _install_sigterm(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            raise CrashsafeError("save_on_sigterm=True must be set up from the main thread")
+
+        def on_sigterm(signum: int, frame: FrameType | None) -> None:
+            self._preempted.set()
+
+        self._previous_handler = signal.signal(signal.SIGTERM, on_sigterm)
+
+    def _exit_after_preemption(self) -> None:
+        self.close()
+        raise SystemExit(128 + signal.SIGTERM)
+
+    def close(self) -> None:
+        """Wait for the pending save, stop the background thread and release the lock."""
+        if self._closed:
+            return
+        try:
+            if not self.read_only:
+                self._wait_pending()
+        finally:
+            self._closed = True
+            if self._executor is not None:
+                self._executor.shutdown(wait=True)
+            if self._pool is not None:
+                self._pool.clear()
+            if self._lock is not None:
+                self._lock.release()
+            if self._previous_handler is not None:
+                with contextlib.suppress(ValueError):
+                    signal.signal(signal.SIGTERM, self._previous_handler)
+
+    def __enter__(self) -> CheckpointManager:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc is None:
+            self.close()
+        else:
+            with contextlib.suppress(Exception):
+                self.close()
+
+    def __repr__(self) -> str:
+        return f"CheckpointManager({str(self.directory)!r}, steps={self.steps()})"
+
+
+def _parse_codecs(spec: CodecSpec) -> list[tuple[str, Codec]]:
+    if spec is None:
+        return []
+    if isinstance(spec, (str, Codec)):
+        return [("*", get_codec(spec))]
+    if not isinstance(spec, Mapping):
+        raise TypeError(f"codec must be a codec, an id or a {{pattern: codec}} dict, got {spec!r}")
+    pairs = [(str(pattern), get_codec(codec)) for pattern, codec in spec.items()]
+    return sorted(pairs, key=lambda pc: _specificity(pc[0]), reverse=True)
+
+
+def _specificity(pattern: str) -> tuple[int, int]:
+    literal = sum(1 for ch in pattern if ch not in "*?[]")
+    return literal, -pattern.count("*")
+
+
+def _clean_metrics(metrics: Mapping[str, Any] | None) -> dict[str, Any]:
+    if metrics is None:
+        return {}
+    if not isinstance(metrics, Mapping):
+        raise UnsupportedStateError(f"metrics must be a dict of numbers, got {metrics!r}")
+    clean: dict[str, Any] = {}
+    for key, value in metrics.items():
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise UnsupportedStateError(
+                f"metric {key!r} = {value!r} is not a number; metrics hold numbers only"
+            ) from None
+        clean[str(key)] = number if math.isfinite(number) else repr(number)
+    return clean

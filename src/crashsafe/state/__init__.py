@@ -1,0 +1,1 @@
+"""Training state: flattening, staging copies, rebuilding, RNG."""

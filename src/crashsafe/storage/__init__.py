@@ -1,0 +1,1 @@
+"""Where checkpoint bytes go and how a step commits (local filesystem)."""

@@ -1,0 +1,54 @@
+"""One writer per checkpoint directory: an advisory ``flock`` that dies with its process."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from pathlib import Path
+
+from crashsafe.errors import LockedError, StorageError
+from crashsafe.storage.layout import LOCK_NAME
+
+__all__ = ["WriterLock"]
+
+
+class WriterLock:
+    """Exclusive writer lock on ``root/.lock``. A SIGKILLed holder releases it automatically."""
+
+    def __init__(self, root: Path) -> None:
+        self.path = root / LOCK_NAME
+        try:
+            self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise StorageError(
+                exc.errno,
+                f"cannot create the lock file {self.path}: "
+                f"{exc.strerror}. Check that the directory is writable",
+            ) from None
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = self._read_holder()
+            os.close(self._fd)
+            self._fd = None
+            raise LockedError(
+                f"{root} is being written by another CheckpointManager{holder}. Only one writer "
+                "per directory is allowed: stop the other job, or use another directory. Readers "
+                "can open it with CheckpointManager(..., read_only=True)."
+            ) from None
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, f"{os.getpid()}\n".encode(), 0)
+
+    def _read_holder(self) -> str:
+        assert self._fd is not None
+        with contextlib.suppress(OSError, ValueError):
+            pid = int(os.pread(self._fd, 32, 0).decode().strip())
+            return f" (pid {pid})"
+        return ""
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
