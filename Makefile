@@ -24,7 +24,7 @@ test: $(STAMP)
 	$(BIN)/pytest -q -p no:cacheprovider
 
 bench: $(STAMP)
-	$(BIN)/python -m bench
+	$(BIN)/python -m bench $(BENCH)
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

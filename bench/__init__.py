@@ -1,0 +1,1 @@
+"""Benchmarks: each module compares crashsafe against named baselines side by side in one run."""

@@ -1,0 +1,3 @@
+from crashsafe.cli import main
+
+main()

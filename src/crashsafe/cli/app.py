@@ -1,0 +1,215 @@
+"""``crashsafe`` commands: ls, show, verify, export, gc, demo (and the subsystems' groups)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from crashsafe.errors import CrashsafeError
+from crashsafe.storage.layout import committed_steps
+from crashsafe.verify import StepReport, verify_step
+
+app = typer.Typer(
+    name="crashsafe",
+    help="Crash-consistent, verified checkpoints for ML training.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console()
+err = Console(stderr=True)
+
+Dir = Annotated[Path, typer.Argument(help="checkpoint directory")]
+StepOpt = Annotated[int | None, typer.Option("--step", "-s", help="step (default: newest intact)")]
+
+
+def _fail(message: str, code: int = 2) -> typer.Exit:
+    err.print(f"[bold red]error:[/] {message}")
+    return typer.Exit(code)
+
+
+def human_bytes(n: float) -> str:
+    """1536 -> '1.5 KiB'."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def _age(created: float | None) -> str:
+    if created is None:
+        return "?"
+    s = max(0.0, time.time() - created)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size:
+            return f"{s / size:.1f}{unit}"
+    return f"{s:.0f}s"
+
+
+def _verify_with_progress(directory: Path, steps: list[int]) -> list[StepReport]:
+    reports = []
+    with Progress(
+        TextColumn("[bold]verifying"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"),
+        TimeElapsedColumn(), console=err, transient=True,
+    ) as progress:
+        task = progress.add_task("verify", total=len(steps))
+        for step in steps:
+            reports.append(verify_step(directory, step))
+            progress.advance(task)
+    return reports
+
+
+@app.command("ls")
+def ls_cmd(directory: Dir) -> None:
+    """List committed steps with size, age and integrity status."""
+    if not directory.is_dir():
+        raise _fail(f"{directory} is not a directory")
+    steps = committed_steps(directory)
+    if not steps:
+        console.print(f"no committed checkpoints in {directory}")
+        return
+    table = Table(title=str(directory))
+    for col in ("step", "stored", "raw", "ratio", "age", "status"):
+        table.add_column(col, justify="right" if col != "status" else "left")
+    for r in _verify_with_progress(directory, steps):
+        ratio = f"{r.raw_bytes / r.stored_bytes:.2f}x" if r.ok and r.stored_bytes else "-"
+        status = "[green]ok[/]" if r.ok else f"[red]damaged[/]: {r.problem}"
+        table.add_row(str(r.step), human_bytes(r.stored_bytes), human_bytes(r.raw_bytes) if r.ok
+                      else "-", ratio, _age(r.created), status)
+    console.print(table)
+
+
+@app.command("show")
+def show_cmd(directory: Dir, step: StepOpt = None) -> None:
+    """Show the tensors of a step: path, dtype, shape, codec, bytes."""
+    from crashsafe.manager import CheckpointManager
+
+    try:
+        mgr = CheckpointManager(directory, read_only=True)
+        manifest = mgr.manifest(step)
+    except CrashsafeError as exc:
+        raise _fail(str(exc)) from None
+    table = Table(title=f"{directory} step {manifest.step}")
+    for col in ("path", "kind", "dtype", "shape", "codec", "raw", "stored", "ratio"):
+        table.add_column(col, justify="right" if col in ("raw", "stored", "ratio") else "left")
+    for p in manifest.payloads:
+        ratio = f"{p.raw_nbytes / p.nbytes:.2f}x" if p.nbytes else "-"
+        codec = ",".join(f"{k}={v}" for k, v in p.codec.items() if k != "id")
+        table.add_row(p.path, p.kind, p.dtype, "x".join(map(str, p.shape)) or "()",
+                      p.codec["id"] + (f"({codec})" if codec else ""), human_bytes(p.raw_nbytes),
+                      human_bytes(p.nbytes), ratio)
+    console.print(table)
+    metrics = ", ".join(f"{k}={v}" for k, v in manifest.metrics.items())
+    console.print(f"{len(manifest.payloads)} tensors, {human_bytes(manifest.raw_nbytes)} raw, "
+                  f"{human_bytes(manifest.stored_nbytes)} stored" + (f"; metrics: {metrics}"
+                                                                      if metrics else ""))
+
+
+@app.command("verify")
+def verify_cmd(directory: Dir) -> None:
+    """Check every committed step's checksums; exit 1 if any step is damaged."""
+    from crashsafe.storage.layout import leftovers as find_leftovers
+
+    if not directory.is_dir():
+        raise _fail(f"{directory} is not a directory")
+    reports = _verify_with_progress(directory, committed_steps(directory))
+    leftovers = [p.name for p in find_leftovers(directory)]
+    for r in reports:
+        if r.ok:
+            console.print(f"[green]ok[/]      step {r.step}  {human_bytes(r.stored_bytes)}")
+        else:
+            console.print(f"[red]DAMAGED[/] step {r.step}: {r.problem}")
+    for name in leftovers:
+        console.print(f"[yellow]leftover[/] {name} (a torn save; ignored, cleaned by the next writer)")
+    bad = [r for r in reports if not r.ok]
+    if bad:
+        intact = [r.step for r in reports if r.ok]
+        hint = f"newest intact step: {intact[-1]}" if intact else "no intact step"
+        err.print(f"[bold red]{len(bad)} of {len(reports)} steps damaged[/]; {hint}. Restore falls "
+                  "back to the newest intact step; delete damaged ones with `crashsafe gc`.")
+        raise typer.Exit(1)
+    console.print(f"[bold green]all {len(reports)} steps intact[/]")
+
+
+@app.command("export")
+def export_cmd(
+    directory: Dir,
+    output: Annotated[Path, typer.Option("--output", "-o", help="the .safetensors file to write")],
+    step: StepOpt = None,
+    prefix: Annotated[str, typer.Option(help="only tensors whose path starts with this")] = "",
+) -> None:
+    """Export a step's tensors to a safetensors file (verified on the way)."""
+    from crashsafe.export import export_safetensors
+
+    try:
+        with Progress(TextColumn("[bold]exporting"), BarColumn(),
+                      TextColumn("{task.completed}/{task.total} tensors"), console=err,
+                      transient=True) as progress:
+            task = progress.add_task("export", total=None)
+
+            def tick(done: int, total: int) -> None:
+                progress.update(task, completed=done, total=total)
+
+            found, count, nbytes = export_safetensors(directory, output, step=step, prefix=prefix,
+                                                      progress=tick)
+    except CrashsafeError as exc:
+        raise _fail(str(exc)) from None
+    console.print(f"wrote {count} tensors ({human_bytes(nbytes)}) of step {found} to {output}")
+
+
+@app.command("gc")
+def gc_cmd(
+    directory: Dir,
+    keep_last: Annotated[int, typer.Option("--keep-last", min=1, help="steps to keep")] = 3,
+    keep_every: Annotated[int | None, typer.Option(help="also keep multiples of this")] = None,
+    delete_damaged: Annotated[bool, typer.Option(help="also delete damaged steps")] = False,
+) -> None:
+    """Delete old steps (and torn leftovers) crash-safely, keeping the newest N."""
+    from crashsafe.policies.retention import steps_to_delete
+    from crashsafe.storage.layout import leftovers
+    from crashsafe.storage.lock import WriterLock
+    from crashsafe.storage.writer import delete_step, remove_leftovers
+
+    if not directory.is_dir():
+        raise _fail(f"{directory} is not a directory")
+    try:
+        lock = WriterLock(directory)
+    except CrashsafeError as exc:
+        raise _fail(str(exc)) from None
+    try:
+        torn = leftovers(directory)
+        remove_leftovers(torn)
+        doomed = set(steps_to_delete(committed_steps(directory), keep_last, keep_every))
+        if delete_damaged:
+            doomed |= {r.step for r in _verify_with_progress(directory, committed_steps(directory))
+                       if not r.ok}
+        for step in sorted(doomed):
+            delete_step(directory, step)
+    finally:
+        lock.release()
+    console.print(f"deleted {len(doomed)} steps and {len(torn)} leftovers; kept "
+                  f"{committed_steps(directory)}")
+
+
+@app.command("demo")
+def demo_cmd(
+    directory: Annotated[Path | None, typer.Option(help="work directory (default: a temp dir)")] = None,
+    kills: Annotated[int, typer.Option(help="how many times to SIGKILL the trainer")] = 3,
+    steps: Annotated[int, typer.Option(help="training steps")] = 300,
+    seed: Annotated[int, typer.Option(help="seed of the kill times")] = 0,
+    codec: Annotated[str, typer.Option(help="codec for model tensors: raw, zstd")] = "raw",
+) -> None:
+    """Train a CNN on digits, SIGKILL it at random moments, resume, and compare bit for bit."""
+    from crashsafe.cli.demo import run_demo
+
+    ok = run_demo(directory=directory, kills=kills, steps=steps, seed=seed, codec=codec,
+                  console=console)
+    if not ok:
+        raise typer.Exit(1)
