@@ -38,16 +38,14 @@ def export_safetensors(
     tensors: dict[str, np.ndarray] = {}
     bf16: list[str] = []
     with StepReader(root, step) as reader:
-        entries = [
-            e for e in reader.manifest.payloads if e.kind != "bytes" and e.path.startswith(prefix)
-        ]
+        entries = [e for e in reader.manifest.payloads if e.kind != "bytes" and e.path.startswith(prefix)]
         for i, entry in enumerate(entries):
             array = reader.read(entry)
             if entry.dtype.startswith("float8"):
                 raise CrashsafeError(f"{entry.path}: float8 tensors cannot be exported to safetensors")
             if entry.dtype == "bfloat16":
                 bf16.append(entry.path)
-            tensors[entry.path] = np.ascontiguousarray(array)
+            tensors[entry.path] = array
             if progress is not None:
                 progress(i + 1, len(entries))
     if not tensors:

@@ -56,8 +56,12 @@ def _age(created: float | None) -> str:
 def _verify_with_progress(directory: Path, steps: list[int]) -> list[StepReport]:
     reports = []
     with Progress(
-        TextColumn("[bold]verifying"), BarColumn(), TextColumn("{task.completed}/{task.total} steps"),
-        TimeElapsedColumn(), console=err, transient=True,
+        TextColumn("[bold]verifying"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} steps"),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
     ) as progress:
         task = progress.add_task("verify", total=len(steps))
         for step in steps:
@@ -81,8 +85,14 @@ def ls_cmd(directory: Dir) -> None:
     for r in _verify_with_progress(directory, steps):
         ratio = f"{r.raw_bytes / r.stored_bytes:.2f}x" if r.ok and r.stored_bytes else "-"
         status = "[green]ok[/]" if r.ok else f"[red]damaged[/]: {r.problem}"
-        table.add_row(str(r.step), human_bytes(r.stored_bytes), human_bytes(r.raw_bytes) if r.ok
-                      else "-", ratio, _age(r.created), status)
+        table.add_row(
+            str(r.step),
+            human_bytes(r.stored_bytes),
+            human_bytes(r.raw_bytes) if r.ok else "-",
+            ratio,
+            _age(r.created),
+            status,
+        )
     console.print(table)
 
 
@@ -102,14 +112,22 @@ def show_cmd(directory: Dir, step: StepOpt = None) -> None:
     for p in manifest.payloads:
         ratio = f"{p.raw_nbytes / p.nbytes:.2f}x" if p.nbytes else "-"
         codec = ",".join(f"{k}={v}" for k, v in p.codec.items() if k != "id")
-        table.add_row(p.path, p.kind, p.dtype, "x".join(map(str, p.shape)) or "()",
-                      p.codec["id"] + (f"({codec})" if codec else ""), human_bytes(p.raw_nbytes),
-                      human_bytes(p.nbytes), ratio)
+        table.add_row(
+            p.path,
+            p.kind,
+            p.dtype,
+            "x".join(map(str, p.shape)) or "()",
+            p.codec["id"] + (f"({codec})" if codec else ""),
+            human_bytes(p.raw_nbytes),
+            human_bytes(p.nbytes),
+            ratio,
+        )
     console.print(table)
     metrics = ", ".join(f"{k}={v}" for k, v in manifest.metrics.items())
-    console.print(f"{len(manifest.payloads)} tensors, {human_bytes(manifest.raw_nbytes)} raw, "
-                  f"{human_bytes(manifest.stored_nbytes)} stored" + (f"; metrics: {metrics}"
-                                                                      if metrics else ""))
+    console.print(
+        f"{len(manifest.payloads)} tensors, {human_bytes(manifest.raw_nbytes)} raw, "
+        f"{human_bytes(manifest.stored_nbytes)} stored" + (f"; metrics: {metrics}" if metrics else "")
+    )
 
 
 @app.command("verify")
@@ -132,8 +150,10 @@ def verify_cmd(directory: Dir) -> None:
     if bad:
         intact = [r.step for r in reports if r.ok]
         hint = f"newest intact step: {intact[-1]}" if intact else "no intact step"
-        err.print(f"[bold red]{len(bad)} of {len(reports)} steps damaged[/]; {hint}. Restore falls "
-                  "back to the newest intact step; delete damaged ones with `crashsafe gc`.")
+        err.print(
+            f"[bold red]{len(bad)} of {len(reports)} steps damaged[/]; {hint}. Restore falls "
+            "back to the newest intact step; delete damaged ones with `crashsafe gc`."
+        )
         raise typer.Exit(1)
     console.print(f"[bold green]all {len(reports)} steps intact[/]")
 
@@ -149,16 +169,21 @@ def export_cmd(
     from crashsafe.export import export_safetensors
 
     try:
-        with Progress(TextColumn("[bold]exporting"), BarColumn(),
-                      TextColumn("{task.completed}/{task.total} tensors"), console=err,
-                      transient=True) as progress:
+        with Progress(
+            TextColumn("[bold]exporting"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total} tensors"),
+            console=err,
+            transient=True,
+        ) as progress:
             task = progress.add_task("export", total=None)
 
             def tick(done: int, total: int) -> None:
                 progress.update(task, completed=done, total=total)
 
-            found, count, nbytes = export_safetensors(directory, output, step=step, prefix=prefix,
-                                                      progress=tick)
+            found, count, nbytes = export_safetensors(
+                directory, output, step=step, prefix=prefix, progress=tick
+            )
     except CrashsafeError as exc:
         raise _fail(str(exc)) from None
     console.print(f"wrote {count} tensors ({human_bytes(nbytes)}) of step {found} to {output}")
@@ -188,28 +213,27 @@ def gc_cmd(
         remove_leftovers(torn)
         doomed = set(steps_to_delete(committed_steps(directory), keep_last, keep_every))
         if delete_damaged:
-            doomed |= {r.step for r in _verify_with_progress(directory, committed_steps(directory))
-                       if not r.ok}
+            doomed |= {
+                r.step for r in _verify_with_progress(directory, committed_steps(directory)) if not r.ok
+            }
         for step in sorted(doomed):
             delete_step(directory, step)
     finally:
         lock.release()
-    console.print(f"deleted {len(doomed)} steps and {len(torn)} leftovers; kept "
-                  f"{committed_steps(directory)}")
+    console.print(f"deleted {len(doomed)} steps and {len(torn)} leftovers; kept {committed_steps(directory)}")
 
 
 @app.command("demo")
 def demo_cmd(
     directory: Annotated[Path | None, typer.Option(help="work directory (default: a temp dir)")] = None,
     kills: Annotated[int, typer.Option(help="how many times to SIGKILL the trainer")] = 3,
-    steps: Annotated[int, typer.Option(help="training steps")] = 300,
+    steps: Annotated[int, typer.Option(help="training steps")] = 600,
     seed: Annotated[int, typer.Option(help="seed of the kill times")] = 0,
     codec: Annotated[str, typer.Option(help="codec for model tensors: raw, zstd")] = "raw",
 ) -> None:
     """Train a CNN on digits, SIGKILL it at random moments, resume, and compare bit for bit."""
     from crashsafe.cli.demo import run_demo
 
-    ok = run_demo(directory=directory, kills=kills, steps=steps, seed=seed, codec=codec,
-                  console=console)
+    ok = run_demo(directory=directory, kills=kills, steps=steps, seed=seed, codec=codec, console=console)
     if not ok:
         raise typer.Exit(1)

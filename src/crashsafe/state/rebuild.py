@@ -128,7 +128,7 @@ def to_value(kind: str, dtype: str, array: np.ndarray[Any, Any], numpy: bool = F
             ) from None
         from crashsafe.format.dtypes import torch_dtype
 
-        tensor = torch.from_numpy(np.ascontiguousarray(array))
+        tensor = torch.from_numpy(array if array.flags.c_contiguous else array.copy())
         wanted = torch_dtype(dtype)
         return tensor if tensor.dtype == wanted else tensor.view(wanted)
     return array

@@ -80,7 +80,8 @@ def view_bytes(leaf: ArrayLeaf) -> np.ndarray[Any, Any]:
         return t.reshape(-1).view(dtype=_uint8(t)).numpy().view(sd).reshape(leaf.shape)
     if leaf.kind == "bytes":
         return np.frombuffer(leaf.source, dtype=np.uint8)
-    return np.ascontiguousarray(leaf.source, dtype=sd)
+    array = np.asarray(leaf.source, dtype=sd)  # ascontiguousarray would turn 0-d into 1-d
+    return array if array.flags.c_contiguous else array.copy()
 
 
 def _uint8(t: Any) -> Any:

@@ -1,0 +1,1 @@
+"""Reference training jobs used by the demo, tests and benchmarks (data ships offline)."""
