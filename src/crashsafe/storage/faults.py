@@ -1,7 +1,8 @@
 """Named points of the commit protocol where tests kill the process for real.
 
-Set ``CRASHSAFE_KILL_AT=<point>`` in a child process's environment and it SIGKILLs itself when it
-reaches that point. Unset (always, outside tests) this costs one string comparison.
+A test child process calls :func:`arm` (or sets ``CRASHSAFE_KILL_AT=<point>`` in its environment)
+and SIGKILLs itself when it reaches that point. Unarmed (always, outside tests) this costs one string
+comparison.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import os
 import signal
 
-__all__ = ["COMMIT_POINTS", "reached"]
+__all__ = ["COMMIT_POINTS", "arm", "reached"]
 
 COMMIT_POINTS = (
     "after_mkdir_tmp",
@@ -24,6 +25,14 @@ COMMIT_POINTS = (
 )
 
 _KILL_AT = os.environ.get("CRASHSAFE_KILL_AT")
+
+
+def arm(point: str | None) -> None:
+    """Make this process SIGKILL itself at ``point`` (None disarms)."""
+    global _KILL_AT
+    if point is not None and point not in COMMIT_POINTS:
+        raise ValueError(f"unknown commit point {point!r}; known: {', '.join(COMMIT_POINTS)}")
+    _KILL_AT = point
 
 
 def reached(point: str) -> None:

@@ -1,0 +1,190 @@
+"""Manager behaviour: retention, no overwrite, one writer, errors that name the next step."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import crashsafe as cs
+from crashsafe.storage.layout import committed_steps
+
+
+def _state(step: int, n: int = 1000) -> dict[str, Any]:
+    return {"w": np.full(n, float(step)), "step": step}
+
+
+def test_keep_last_and_keep_every(tmp_path: Path) -> None:
+    with cs.CheckpointManager(tmp_path, keep_last=2, keep_every=5) as mgr:
+        for step in range(1, 13):
+            mgr.save(step, _state(step))
+        mgr.wait()
+        assert mgr.steps() == [5, 10, 11, 12]
+        assert mgr.latest_step() == 12
+        assert mgr.load(10)["step"] == 10
+
+
+def test_keep_last_none_keeps_everything(tmp_path: Path) -> None:
+    with cs.CheckpointManager(tmp_path, keep_last=None) as mgr:
+        for step in range(6):
+            mgr.save(step, _state(step))
+    assert committed_steps(tmp_path) == list(range(6))
+
+
+def test_committed_step_is_never_overwritten(tmp_path: Path) -> None:
+    with cs.CheckpointManager(tmp_path) as mgr:
+        mgr.save(7, _state(7))
+        mgr.wait()
+        with pytest.raises(cs.CheckpointExistsError, match="never overwritten"):
+            mgr.save(7, _state(99))
+        assert mgr.load(7)["w"][0] == 7.0
+
+
+def test_second_writer_gets_locked_error_but_readers_work(tmp_path: Path) -> None:
+    with cs.CheckpointManager(tmp_path) as writer:
+        writer.save(1, _state(1))
+        writer.wait()
+        with pytest.raises(cs.LockedError, match="another CheckpointManager"):
+            cs.CheckpointManager(tmp_path)
+        reader = cs.CheckpointManager(tmp_path, read_only=True)
+        assert reader.load()["step"] == 1
+        with pytest.raises(cs.CrashsafeError, match="read_only"):
+            reader.save(2, _state(2))
+        assert cs.verify(tmp_path).ok
+    cs.CheckpointManager(tmp_path).close()  # released on close
+
+
+def test_lock_held_by_another_process_is_reported(tmp_path: Path) -> None:
+    code = ("import sys, time, crashsafe as cs; m = cs.CheckpointManager(sys.argv[1]); "
+            "print('locked', flush=True); time.sleep(60)")
+    proc = subprocess.Popen([os.sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "locked"
+        with pytest.raises(cs.LockedError, match=f"pid {proc.pid}"):
+            cs.CheckpointManager(tmp_path)
+    finally:
+        proc.kill()
+        proc.wait()
+    cs.CheckpointManager(tmp_path).close()  # a killed holder releases the lock
+
+
+def test_unwritable_directory_gives_clear_error(tmp_path: Path) -> None:
+    if os.geteuid() == 0:
+        target = Path("/proc/crashsafe-not-writable")  # even root cannot create this
+    else:
+        tmp_path.chmod(0o500)
+        target = tmp_path / "ckpt"
+    with pytest.raises(cs.StorageError) as info:
+        cs.CheckpointManager(target)
+    assert "checkpoint directory" in str(info.value) or "writable" in str(info.value)
+
+
+@pytest.fixture
+def tiny_disk(tmp_path: Path) -> Any:
+    mount = tmp_path / "tiny"
+    mount.mkdir()
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)],
+                            capture_output=True)
+    if result.returncode != 0:
+        pytest.skip("a real full disk needs a tiny tmpfs, and mounting one needs root")
+    yield mount
+    subprocess.run(["umount", str(mount)], check=True)
+
+
+@pytest.mark.parametrize("async_save", [True, False])
+def test_full_disk_gives_clear_error_and_keeps_older_steps(tiny_disk: Path, async_save: bool) -> None:
+    mgr = cs.CheckpointManager(tiny_disk / "ckpt", keep_last=None, async_save=async_save)
+    mgr.save(1, {"w": np.ones(100_000)})  # 800 kB fits
+    mgr.wait()
+    with pytest.raises(cs.DiskFullError, match="no space left"):
+        mgr.save(2, {"w": np.ones(400_000)})  # 3.2 MB does not
+        mgr.wait()
+    assert mgr.steps() == [1]
+    assert cs.verify(tiny_disk / "ckpt").ok
+    assert not [p for p in (tiny_disk / "ckpt").iterdir() if p.name.startswith(".tmp-")]
+    mgr.save(3, {"w": np.ones(1000)})  # training goes on once space is back
+    mgr.close()
+    assert committed_steps(tiny_disk / "ckpt") == [1, 3]
+
+
+@cs.codecs.register_codec
+@dataclass(frozen=True)
+class _ExplodingCodec(cs.codecs.Codec):
+    """Fails while encoding in the background persist thread."""
+
+    codec_id = "test-exploding"
+
+    def encode(self, array: Any) -> bytes:
+        raise RuntimeError("encoder exploded")
+
+    def decode(self, data: Any, dtype: Any, shape: Any) -> Any:
+        raise AssertionError("never written")
+
+
+def test_background_error_surfaces_on_next_call(tmp_path: Path) -> None:
+    mgr = cs.CheckpointManager(tmp_path, codec={"bad": "test-exploding", "*": "raw"})
+    mgr.save(1, {"good": np.ones(3)})
+    mgr.save(2, {"good": np.ones(3), "bad": np.ones(3)})  # snapshot succeeds; encoding fails later
+    with pytest.raises(cs.SaveFailedError, match="step 2.*encoder exploded.*intact"):
+        mgr.wait()
+    assert mgr.steps() == [1]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
+    mgr.save(3, {"good": np.ones(3)})
+    mgr.save(4, {"good": np.ones(3), "bad": np.ones(3)})
+    with pytest.raises(cs.SaveFailedError, match="step 4"):
+        mgr.save(5, {"good": np.ones(3)})  # the next save raises the previous save's error
+    mgr.close()
+    assert committed_steps(tmp_path) == [1, 3]
+
+
+def test_wrong_arguments_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="keep_last"):
+        cs.CheckpointManager(tmp_path, keep_last=0)
+    with cs.CheckpointManager(tmp_path) as mgr:
+        with pytest.raises(ValueError, match="non-negative int"):
+            mgr.save(-1, _state(1))
+        with pytest.raises(cs.UnsupportedStateError, match="dict"):
+            mgr.save(1, [1, 2])  # type: ignore[arg-type]
+        with pytest.raises(cs.UnsupportedStateError, match="metric 'loss'"):
+            mgr.save(1, _state(1), metrics={"loss": "low"})
+
+
+def test_metrics_are_recorded_in_the_manifest(tmp_path: Path) -> None:
+    with cs.CheckpointManager(tmp_path) as mgr:
+        mgr.save(1, _state(1), metrics={"loss": 0.25, "nan": float("nan")})
+        mgr.wait()
+        assert mgr.manifest(1).metrics == {"loss": 0.25, "nan": "nan"}
+
+
+def test_maybe_save_follows_the_policy(tmp_path: Path) -> None:
+    with cs.CheckpointManager(tmp_path, keep_last=None, policy=cs.policies.EverySteps(3)) as mgr:
+        saved = [s for s in range(10) if mgr.maybe_save(s, _state(s))]
+    assert saved == [0, 3, 6, 9]
+    assert committed_steps(tmp_path) == [0, 3, 6, 9]
+
+
+def test_async_snapshot_is_isolated_from_later_mutation(tmp_path: Path) -> None:
+    state = {"w": np.zeros(2_000_000)}
+    with cs.CheckpointManager(tmp_path) as mgr:
+        mgr.save(1, state)
+        state["w"][:] = 42.0  # training continues while step 1 persists
+        mgr.wait()
+        assert not mgr.load(1)["w"].any()
+
+
+def test_leftovers_of_torn_saves_are_ignored_and_cleaned(tmp_path: Path) -> None:
+    with cs.CheckpointManager(tmp_path) as mgr:
+        mgr.save(1, _state(1))
+    torn = tmp_path / ".tmp-step_000000000002-1-abcd"
+    torn.mkdir()
+    (torn / "data.bin").write_bytes(b"half")
+    reader = cs.CheckpointManager(tmp_path, read_only=True)
+    assert reader.steps() == [1]
+    assert cs.verify(tmp_path).leftovers == [torn.name]
+    cs.CheckpointManager(tmp_path).close()
+    assert not torn.exists()
