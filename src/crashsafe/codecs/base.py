@@ -31,6 +31,13 @@ class Codec(ABC):
     def decode(self, data: BytesLike, dtype: np.dtype[Any], shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
         """Decode bytes back into a writable array of ``dtype`` and ``shape``."""
 
+    def stored_nbytes(self, raw_nbytes: int) -> int | None:
+        """The exact encoded size for ``raw_nbytes`` of input, if the codec fixes it (else None).
+
+        Lets verification catch a manifest whose shape and payload size disagree without decoding.
+        """
+        return None
+
     def get_config(self) -> dict[str, Any]:
         """JSON config: ``id`` plus the constructor parameters."""
         params = {k: v for k, v in vars(self).items() if not k.startswith("_")}

@@ -24,6 +24,9 @@ class Raw(Codec):
     def encode(self, array: np.ndarray[Any, Any]) -> BytesLike:
         return memoryview(array.reshape(-1).view(np.uint8))
 
+    def stored_nbytes(self, raw_nbytes: int) -> int | None:
+        return raw_nbytes
+
     def decode(self, data: BytesLike, dtype: np.dtype[Any], shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
         raw = np.frombuffer(data, dtype=np.uint8)
         expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize

@@ -98,8 +98,18 @@ class StepReader:
             raise CorruptCheckpointError(f"{self.where}: payload '{entry.path}': {exc}") from None
 
     def verify(self) -> None:
-        """Check every payload's checksum (raises CorruptCheckpointError on the first damage)."""
+        """Check every payload's codec, size and checksum (raises CorruptCheckpointError)."""
         for entry in self.manifest.payloads:
+            try:
+                codec = get_codec(entry.codec)
+            except CodecError as exc:
+                raise CorruptCheckpointError(f"{self.where}: payload '{entry.path}': {exc}") from None
+            expected = codec.stored_nbytes(entry.raw_nbytes)
+            if expected is not None and expected != entry.nbytes:
+                raise CorruptCheckpointError(
+                    f"{self.where}: payload '{entry.path}' has {entry.nbytes} bytes but its shape and "
+                    f"codec imply {expected}"
+                )
             self.read_stored(entry)
 
     def close(self) -> None:
