@@ -28,7 +28,10 @@ def run_child() -> Callable[..., subprocess.CompletedProcess[str]]:
     def run(script: str, *args: Any, timeout: float = 120, **env: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [sys.executable, str(HERE / "scripts" / script), *map(str, args)],
-            env=child_env(**env), capture_output=True, text=True, timeout=timeout,
+            env=child_env(**env),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
         )
 
     return run
@@ -41,7 +44,10 @@ def spawn() -> Callable[..., subprocess.Popen[str]]:
     def start(script: str, *args: Any) -> subprocess.Popen[str]:
         return subprocess.Popen(
             [sys.executable, str(HERE / "scripts" / script), *map(str, args)],
-            env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=child_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
 
     return start

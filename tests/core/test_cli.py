@@ -22,8 +22,15 @@ runner = CliRunner()
 def ckpt(tmp_path: Path) -> Path:
     with cs.CheckpointManager(tmp_path, keep_last=None) as mgr:
         for step in range(1, 6):
-            mgr.save(step, {"model": {"w": torch.full((4, 3), float(step)), "h": torch.ones(2, dtype=torch.bfloat16)},
-                            "np": np.arange(5), "step": step}, metrics={"loss": 1 / step})
+            mgr.save(
+                step,
+                {
+                    "model": {"w": torch.full((4, 3), float(step)), "h": torch.ones(2, dtype=torch.bfloat16)},
+                    "np": np.arange(5),
+                    "step": step,
+                },
+                metrics={"loss": 1 / step},
+            )
     return tmp_path
 
 
@@ -73,8 +80,21 @@ def test_missing_directory_is_a_clear_error(tmp_path: Path) -> None:
 @pytest.mark.timeout(240)
 def test_demo_runs_end_to_end(tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "crashsafe.cli", "demo", "--steps", "80", "--kills", "1", "--directory",
-         str(tmp_path)], capture_output=True, text=True, timeout=230,
+        [
+            sys.executable,
+            "-m",
+            "crashsafe.cli",
+            "demo",
+            "--steps",
+            "80",
+            "--kills",
+            "1",
+            "--directory",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=230,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "bit-identical" in result.stdout

@@ -19,8 +19,14 @@ def _three_steps(directory: Path) -> None:
     with cs.CheckpointManager(directory, keep_last=None) as mgr:
         for step in (1, 2, 3):
             rng = np.random.default_rng(step)
-            mgr.save(step, {"w": rng.standard_normal(50_000).astype(np.float32),
-                            "b": rng.integers(0, 9, 100), "step": step})
+            mgr.save(
+                step,
+                {
+                    "w": rng.standard_normal(50_000).astype(np.float32),
+                    "b": rng.integers(0, 9, 100),
+                    "step": step,
+                },
+            )
 
 
 def _flip_data_byte(step_dir: Path) -> None:

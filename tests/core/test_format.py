@@ -31,18 +31,21 @@ def _write_forged(step_dir: Path, edit: Callable[[dict[str, Any]], None]) -> Non
 def _set(field: str, value: Any, index: int = 0) -> Callable[[dict[str, Any]], None]:
     def edit(body: dict[str, Any]) -> None:
         body["payloads"][index][field] = value
+
     return edit
 
 
 def _files(value: Any) -> Callable[[dict[str, Any]], None]:
     def edit(body: dict[str, Any]) -> None:
         body["files"] = value
+
     return edit
 
 
 def _tree(value: Any) -> Callable[[dict[str, Any]], None]:
     def edit(body: dict[str, Any]) -> None:
         body["tree"] = value
+
     return edit
 
 
@@ -60,8 +63,10 @@ FORGERIES: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
     "pickle codec": (_set("codec", {"id": "pickle"}), "unknown codec"),
     "shape lies about size": (_set("shape", [10**6]), "expected"),
     "bool as size": (_set("nbytes", True), "invalid"),
-    "dangling array id": (_tree({"t": "dict", "keys": ["w"], "vals": [{"t": "array", "id": 7}]}),
-                          "out of range"),
+    "dangling array id": (
+        _tree({"t": "dict", "keys": ["w"], "vals": [{"t": "array", "id": 7}]}),
+        "out of range",
+    ),
     "unknown node": (_tree({"t": "eval", "v": "__import__('os')"}), "invalid tree node"),
     "newer version": (_version, "Upgrade crashsafe"),
 }
@@ -80,9 +85,12 @@ def test_forged_manifests_are_refused_before_use(tmp_path: Path, name: str) -> N
 
 
 def test_no_pickle_anywhere_in_the_package() -> None:
-    offenders = [p for p in SRC.rglob("*.py")
-                 if re.search(r"^\s*(import|from)\s+(c?pickle|dill|cloudpickle)\b", p.read_text(), re.M)
-                 and "baseline" not in p.read_text()[:400]]
+    offenders = [
+        p
+        for p in SRC.rglob("*.py")
+        if re.search(r"^\s*(import|from)\s+(c?pickle|dill|cloudpickle)\b", p.read_text(), re.M)
+        and "baseline" not in p.read_text()[:400]
+    ]
     assert offenders == []
 
 
@@ -95,5 +103,5 @@ def test_manifest_is_plain_json_documenting_each_payload(tmp_path: Path) -> None
     assert entry["path"] == "w" and entry["dtype"] == "float32" and entry["shape"] == [2, 3]
     assert entry["codec"] == {"id": "raw"} and entry["nbytes"] == 24
     raw = (tmp_path / "step_000000000001" / "data.bin").read_bytes()
-    assert raw[entry["offset"]:entry["offset"] + 24] == np.arange(6, dtype="<f4").tobytes()
+    assert raw[entry["offset"] : entry["offset"] + 24] == np.arange(6, dtype="<f4").tobytes()
     assert xxhash.xxh3_64_hexdigest(raw[:24]) == entry["xxh3"]

@@ -60,8 +60,10 @@ def test_second_writer_gets_locked_error_but_readers_work(tmp_path: Path) -> Non
 
 
 def test_lock_held_by_another_process_is_reported(tmp_path: Path) -> None:
-    code = ("import sys, time, crashsafe as cs; m = cs.CheckpointManager(sys.argv[1]); "
-            "print('locked', flush=True); time.sleep(60)")
+    code = (
+        "import sys, time, crashsafe as cs; m = cs.CheckpointManager(sys.argv[1]); "
+        "print('locked', flush=True); time.sleep(60)"
+    )
     proc = subprocess.Popen([os.sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "locked"
@@ -88,8 +90,9 @@ def test_unwritable_directory_gives_clear_error(tmp_path: Path) -> None:
 def tiny_disk(tmp_path: Path) -> Any:
     mount = tmp_path / "tiny"
     mount.mkdir()
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)],
-                            capture_output=True)
+    result = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True
+    )
     if result.returncode != 0:
         pytest.skip("a real full disk needs a tiny tmpfs, and mounting one needs root")
     yield mount

@@ -24,9 +24,21 @@ def test_killed_and_resumed_training_is_bit_identical(tmp_path: Path) -> None:
     killed, clean = tmp_path / "killed", tmp_path / "clean"
     killed.mkdir()
     reference = subprocess.Popen(
-        [sys.executable, "-m", "crashsafe.workloads.digits", "--dir", str(clean / "ckpt"), "--steps",
-         str(steps), "--every", str(every), "--log", str(tmp_path / "clean.jsonl")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        [
+            sys.executable,
+            "-m",
+            "crashsafe.workloads.digits",
+            "--dir",
+            str(clean / "ckpt"),
+            "--steps",
+            str(steps),
+            "--every",
+            str(every),
+            "--log",
+            str(tmp_path / "clean.jsonl"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
     result = run_supervised(killed, steps=steps, every=every, kills=2, seed=7)
     _, err = reference.communicate(timeout=240)
@@ -42,8 +54,9 @@ def test_killed_and_resumed_training_is_bit_identical(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_sigterm_commits_a_final_checkpoint_then_exits(tmp_path: Path,
-                                                      spawn: Callable[..., subprocess.Popen[str]]) -> None:
+def test_sigterm_commits_a_final_checkpoint_then_exits(
+    tmp_path: Path, spawn: Callable[..., subprocess.Popen[str]]
+) -> None:
     proc = spawn("sigterm_train.py", tmp_path)
     assert proc.stdout is not None
     digests: dict[int, str] = {}
@@ -67,9 +80,9 @@ def test_sigterm_commits_a_final_checkpoint_then_exits(tmp_path: Path,
 
 
 @pytest.mark.timeout(120)
-def test_async_saves_use_about_one_extra_state_of_memory(tmp_path: Path,
-                                                         run_child: Callable[..., subprocess.CompletedProcess[str]]
-                                                         ) -> None:
+def test_async_saves_use_about_one_extra_state_of_memory(
+    tmp_path: Path, run_child: Callable[..., subprocess.CompletedProcess[str]]
+) -> None:
     result = run_child("memory_peak.py", tmp_path, 256)
     assert result.returncode == 0, result.stderr
     extra, state_bytes = map(int, result.stdout.split())

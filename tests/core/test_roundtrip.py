@@ -14,9 +14,23 @@ from hypothesis.extra import numpy as hnp
 import crashsafe as cs
 
 TORCH_DTYPES = [
-    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.int16,
-    torch.int32, torch.int64, torch.uint8, torch.bool, torch.complex64, torch.complex128,
-    torch.float8_e4m3fn, torch.float8_e5m2, torch.uint16, torch.uint32, torch.uint64,
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.uint8,
+    torch.bool,
+    torch.complex64,
+    torch.complex128,
+    torch.float8_e4m3fn,
+    torch.float8_e5m2,
+    torch.uint16,
+    torch.uint32,
+    torch.uint64,
 ]
 
 
@@ -25,8 +39,9 @@ def _random_tensor(dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
     if dtype == torch.bool:
         return torch.rand(shape, generator=g) > 0.5
     if dtype.is_floating_point or dtype.is_complex:
-        return torch.randn(shape, generator=g, dtype=torch.float64 if not dtype.is_complex
-                           else torch.complex128).to(dtype)
+        return torch.randn(
+            shape, generator=g, dtype=torch.float64 if not dtype.is_complex else torch.complex128
+        ).to(dtype)
     return torch.randint(0, 100, shape, generator=g, dtype=torch.int64).to(dtype)
 
 
@@ -43,8 +58,10 @@ def test_every_torch_dtype_round_trips_bit_exact(tmp_path: Any, async_save: bool
         got = loaded[name]
         assert isinstance(got, torch.Tensor), name
         assert got.dtype == tensor.dtype and got.shape == tensor.shape, name
-        assert torch.equal(got.view(-1).view(torch.uint8) if got.numel() else got,
-                           tensor.contiguous().view(-1).view(torch.uint8) if tensor.numel() else tensor), name
+        assert torch.equal(
+            got.view(-1).view(torch.uint8) if got.numel() else got,
+            tensor.contiguous().view(-1).view(torch.uint8) if tensor.numel() else tensor,
+        ), name
 
 
 def test_python_values_numpy_and_nesting_round_trip(tmp_path: Any) -> None:
@@ -54,8 +71,13 @@ def test_python_values_numpy_and_nesting_round_trip(tmp_path: Any) -> None:
         "none": None,
         "text": "héllo ✓",
         "raw": b"\x00\xffbytes",
-        "np": {"f4": np.arange(6, dtype=np.float32).reshape(2, 3), "big_endian": np.arange(4, dtype=">i4"),
-               "strided": np.arange(30.0)[::3], "scalar": np.int16(-7), "zero_d": np.array(2.5)},
+        "np": {
+            "f4": np.arange(6, dtype=np.float32).reshape(2, 3),
+            "big_endian": np.arange(4, dtype=">i4"),
+            "strided": np.arange(30.0)[::3],
+            "scalar": np.int16(-7),
+            "zero_d": np.array(2.5),
+        },
         "int_keys": {0: "a", 1: {2: [3]}},
     }
     with cs.CheckpointManager(tmp_path) as mgr:
@@ -82,8 +104,9 @@ def test_nan_payloads_are_kept_exactly(tmp_path: Any) -> None:
         assert mgr.load()["w"].tobytes() == weird.tobytes()
 
 
-def test_restore_in_place_into_model_optimizer_scheduler(tmp_path: Any, torch_state: dict[str, Any],
-                                                         fresh_state: Any) -> None:
+def test_restore_in_place_into_model_optimizer_scheduler(
+    tmp_path: Any, torch_state: dict[str, Any], fresh_state: Any
+) -> None:
     with cs.CheckpointManager(tmp_path) as mgr:
         mgr.save(3, torch_state)
         target = fresh_state()
@@ -156,16 +179,32 @@ arrays = hnp.arrays(
     dtype=st.sampled_from([np.float32, np.float64, np.int8, np.uint16, np.int64, np.bool_, np.complex64]),
     shape=hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=5),
 )
-leaves = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=8),
-                   st.binary(max_size=16), arrays)
-trees = st.recursive(leaves, lambda kids: st.one_of(
-    st.lists(kids, max_size=3), st.dictionaries(st.text(max_size=5), kids, max_size=3)), max_leaves=12)
+leaves = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(allow_nan=False),
+    st.text(max_size=8),
+    st.binary(max_size=16),
+    arrays,
+)
+trees = st.recursive(
+    leaves,
+    lambda kids: st.one_of(
+        st.lists(kids, max_size=3), st.dictionaries(st.text(max_size=5), kids, max_size=3)
+    ),
+    max_leaves=12,
+)
 
 
 def _equal(a: Any, b: Any) -> bool:
     if isinstance(a, np.ndarray):
-        return isinstance(b, np.ndarray) and a.dtype == b.dtype and a.shape == b.shape and \
-            a.tobytes() == b.tobytes()
+        return (
+            isinstance(b, np.ndarray)
+            and a.dtype == b.dtype
+            and a.shape == b.shape
+            and a.tobytes() == b.tobytes()
+        )
     if isinstance(a, dict):
         return isinstance(b, dict) and a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
     if isinstance(a, list):
