@@ -249,11 +249,9 @@ class CheckpointManager:
         except BaseException:
             writer.abort()
             raise
+        persisted = time.perf_counter() - begin  # durable and committed; retention comes after
         self._apply_retention()
-        stats = SaveStats(
-            step, stall, time.perf_counter() - begin, manifest.raw_nbytes, manifest.stored_nbytes
-        )
-        return stats
+        return SaveStats(step, stall, persisted, manifest.raw_nbytes, manifest.stored_nbytes)
 
     def _codec_for(self, leaf: ArrayLeaf) -> Codec:
         for pattern, codec in self._codecs:
