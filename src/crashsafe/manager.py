@@ -178,6 +178,8 @@ class CheckpointManager:
 
     def context(self, step: int, metrics: Mapping[str, Any] | None = None) -> SaveContext:
         """The facts a policy decides on, as measured by this manager."""
+        if self._pending is not None and self._pending.done():
+            self._wait_pending()  # a finished background save: its measured cost is visible now
         stats = self._stats[-5:]
         return SaveContext(
             step=step,

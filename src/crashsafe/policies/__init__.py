@@ -1,5 +1,36 @@
 """Save policies (when to checkpoint) and retention (what to keep)."""
 
 from crashsafe.policies.base import All, Any, EverySeconds, EverySteps, SaveContext, SavePolicy
+from crashsafe.policies.coci import ConvergenceAware, coci_protected_loss, coci_schedule
+from crashsafe.policies.errors import FitError, PolicyError, PolicyWarning
+from crashsafe.policies.fitting import ExpFit, fit_exponential
+from crashsafe.policies.names import POLICY_NAMES, policy_from_name
+from crashsafe.policies.overhead import MaxOverhead
+from crashsafe.policies.units import parse_duration
+from crashsafe.policies.young_daly import Daly, Young, daly_interval, daly_wall_time, young_interval
 
-__all__ = ["All", "Any", "EverySeconds", "EverySteps", "SaveContext", "SavePolicy"]
+__all__ = [
+    "POLICY_NAMES",
+    "All",
+    "Any",
+    "ConvergenceAware",
+    "Daly",
+    "EverySeconds",
+    "EverySteps",
+    "ExpFit",
+    "FitError",
+    "MaxOverhead",
+    "PolicyError",
+    "PolicyWarning",
+    "SaveContext",
+    "SavePolicy",
+    "Young",
+    "coci_protected_loss",
+    "coci_schedule",
+    "daly_interval",
+    "daly_wall_time",
+    "fit_exponential",
+    "parse_duration",
+    "policy_from_name",
+    "young_interval",
+]

@@ -1,0 +1,289 @@
+"""Convergence-aware checkpointing (COCI, FGCS 2024): protect the fast early progress densely.
+
+The policy profiles the checkpoint cost with one early save, fits the loss curve
+L(t) = exp(θ1·t + θ2) (t = training minutes, stalls excluded) and refits it every ``refit_every``
+steps on the samples since the last fit, rebuilding the schedule when |Δθ1| or |Δθ2| > 0.1. Two
+schedules:
+
+- ``"coci"``: COCI's published schedule, reproduced exactly: each checkpoint protects the same loss
+  decrease pc = (1 − e^{θ1·ts})·(1/(2λ) − 1/(2θ1)) (minutes, per minute), at
+  t_i = (ln(L_now − i·pc) − θ2)/θ1 for i = 1..⌊L_now/pc⌋, and none after the last.
+- ``"value"`` (default): minimises checkpoint stalls plus the expected loss decrease that Poisson failures
+  roll back, with the loss priced at the job's mean convergence rate ρ. Over an interval τ starting at t
+  a failure loses ≈ r(t)·τ/2 of loss decrease (r = −dL/dt), so the optimum is Young's with the cost scaled
+  by ρ/r(t): τ(t) = τ_Daly·√(ρ/r(t)), kept within [τ_Daly/dense, τ_Daly·stretch].
+
+Fallbacks, never an exception mid-training: before the first fit, when the fit fails, when the loss is
+missing or not finite, or when the fitted curve is not decreasing (COCI), the policy uses Daly's interval
+and issues one :class:`PolicyWarning` naming the reason (also in ``policy.fallback``).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import numpy as np
+
+from crashsafe.policies.base import SaveContext
+from crashsafe.policies.errors import FitError, PolicyError, PolicyWarning
+from crashsafe.policies.fitting import ExpFit, fit_exponential
+from crashsafe.policies.measured import CostClock, check_mtbf
+from crashsafe.policies.units import parse_duration
+from crashsafe.policies.young_daly import daly_interval
+
+__all__ = ["ConvergenceAware", "coci_protected_loss", "coci_schedule", "value_interval"]
+
+Schedule = Literal["value", "coci"]
+
+
+def coci_protected_loss(theta1: float, ts_min: float, failure_rate_per_min: float) -> float:
+    """COCI's loss decrease protected per checkpoint, verbatim: (1 − e^{θ1·ts})·(1/(2λ) − 1/(2θ1)).
+
+    Units as in COCI's code: θ1 per minute, ts in minutes, λ per minute.
+    """
+    return (1.0 - math.exp(theta1 * ts_min)) * (1.0 / (2.0 * failure_rate_per_min) - 1.0 / (2.0 * theta1))
+
+
+def coci_schedule(
+    fit: ExpFit,
+    t_now_min: float,
+    ts_min: float,
+    failure_rate_per_min: float,
+    n_done: int = 0,
+    limit: int = 1_000_000,
+) -> np.ndarray:
+    """COCI's checkpoint times (minutes) from ``t_now_min``, as its ``_COCI_strategy`` computes them.
+
+    ``t_now_min`` is COCI's wall clock, which includes the ``n_done`` stalls already taken; pass
+    ``n_done=0`` with a clock that excludes stalls (as this library's). Empty when θ1 ≥ 0 or pc ≤ 0;
+    at most the first ``limit`` times (a tiny pc would otherwise ask for millions).
+    """
+    if fit.theta1 >= 0:
+        return np.empty(0)
+    pc = coci_protected_loss(fit.theta1, ts_min, failure_rate_per_min)
+    t_run = t_now_min - n_done * ts_min
+    l_now = fit.loss(t_run)
+    if not (pc > 0 and math.isfinite(pc) and math.isfinite(l_now)):
+        return np.empty(0)
+    i = np.arange(1, min(math.floor(l_now / pc), limit) + 1)
+    times: np.ndarray = (np.log(l_now - i * pc) - fit.theta2) / fit.theta1 + n_done * ts_min
+    return times
+
+
+def value_interval(
+    fit: ExpFit, t_min: float, mean_rate: float, base: float, dense: float, stretch: float
+) -> float:
+    """Seconds to the next checkpoint after one at ``t_min``: base·√(ρ/r(t)), clamped.
+
+    ``base`` is the time-optimal (Daly) interval, ``mean_rate`` ρ the price of a unit of loss decrease
+    in loss per minute; a curve that no longer decreases gets the sparsest interval, base·stretch.
+    """
+    rate = fit.rate(t_min)
+    if not (rate > 0 and mean_rate > 0 and math.isfinite(rate)):
+        return base * stretch
+    return base * min(stretch, max(1.0 / dense, math.sqrt(mean_rate / rate)))
+
+
+class ConvergenceAware:
+    """COCI-style convergence-aware policy; see the module docstring for the two schedules.
+
+    Args:
+        mtbf: mean time between failures (seconds or ``"4h"``).
+        schedule: ``"value"`` (expected lost value, default) or ``"coci"`` (COCI's published schedule).
+        metric: the metric holding the training loss (``maybe_save(..., metrics={"loss": l})``).
+        cost, include_persist, profile_step: as for :class:`~crashsafe.policies.Young`.
+        fit_step: first fit this many steps after the start (COCI: 50).
+        refit_every: refit on the samples since the last fit every this many steps (COCI: 10,000).
+        refit_threshold: rebuild when |Δθ1| or |Δθ2| exceeds it (θ1 per minute; COCI: 0.1).
+        horizon: training time over which ρ, the mean convergence rate, is taken (the length of an
+            exploratory job); None uses the time the first fitted curve needs to lose 95% of its loss.
+        dense, stretch: the value schedule stays within [τ_Daly/dense, τ_Daly·stretch].
+        exact: use Daly's exact (Lambert-W) interval as the base.
+    """
+
+    def __init__(
+        self,
+        mtbf: float | str,
+        *,
+        schedule: Schedule = "value",
+        metric: str = "loss",
+        cost: float | str | None = None,
+        include_persist: bool = False,
+        profile_step: int = 10,
+        fit_step: int = 50,
+        refit_every: int = 10_000,
+        refit_threshold: float = 0.1,
+        horizon: float | str | None = None,
+        dense: float = 4.0,
+        stretch: float = 1.3,
+        exact: bool = False,
+    ) -> None:
+        if schedule not in ("value", "coci"):
+            raise PolicyError(f"schedule must be 'value' or 'coci', got {schedule!r}")
+        for name, value, low in (("fit_step", fit_step, 3), ("refit_every", refit_every, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise PolicyError(f"{name} must be an int >= {low}, got {value!r}")
+        for name, number in (("dense", dense), ("stretch", stretch)):
+            if not (isinstance(number, (int, float)) and math.isfinite(number) and number >= 1):
+                raise PolicyError(f"{name} must be a finite number >= 1, got {number!r}")
+        if not (isinstance(refit_threshold, (int, float)) and refit_threshold >= 0):
+            raise PolicyError(f"refit_threshold must be >= 0, got {refit_threshold!r}")
+        self.mtbf = check_mtbf(mtbf)
+        self.schedule: Schedule = schedule
+        self.metric = metric
+        self.clock = CostClock(cost, include_persist, profile_step)
+        self.fit_step, self.refit_every, self.refit_threshold = fit_step, refit_every, float(refit_threshold)
+        self.horizon = None if horizon is None else parse_duration(horizon, "horizon")
+        if self.horizon is not None and not 0 < self.horizon < math.inf:
+            raise PolicyError(f"horizon must be a positive finite duration, got {horizon!r}")
+        self.dense, self.stretch, self.exact = float(dense), float(stretch), bool(exact)
+        self.fit: ExpFit | None = None
+        self.mean_rate = 0.0
+        self.fallback: str | None = "no loss-curve fit yet"
+        self.fits = 0
+        self._times: list[float] = []
+        self._losses: list[float] = []
+        self._next_fit_step: int | None = None
+        self._needs_build = False
+        self._targets: np.ndarray = np.empty(0)
+        self._warned: set[str] = set()
+
+    # ------------------------------------------------------------------ decisions
+
+    def should_save(self, context: SaveContext) -> bool:
+        now = self.clock.observe(context)
+        self._record(context, now)
+        if math.isinf(self.mtbf):
+            return False
+        cost = self.clock.cost()
+        if cost is None:
+            return self.clock.profile_due(context)
+        self._maybe_fit(context.step, now, cost)
+        last = self.clock.last_save(context)
+        if self.fallback is None and self.fit is not None:
+            if self.schedule == "coci":
+                return self._coci_due(now)
+            return now - last >= self.value_interval(last, cost)
+        return now - last >= daly_interval(cost, self.mtbf, self.exact)
+
+    def value_interval(self, t_save: float, cost: float) -> float:
+        """Seconds of training between a save at policy time ``t_save`` and the next (value schedule)."""
+        base = daly_interval(cost, self.mtbf, self.exact)
+        if self.fit is None:
+            return base
+        return value_interval(self.fit, t_save / 60.0, self.mean_rate, base, self.dense, self.stretch)
+
+    def _reference_rate(self, fit: ExpFit) -> float:
+        """ρ from the first fit: its mean loss decrease per minute over the horizon."""
+        if not fit.decreasing:
+            return 0.0
+        horizon_min = math.log(20.0) / -fit.theta1 if self.horizon is None else self.horizon / 60.0
+        return (fit.loss(0.0) - fit.loss(horizon_min)) / horizon_min
+
+    def _coci_due(self, now: float) -> bool:
+        due = int(np.searchsorted(self._targets, now, side="right"))
+        if due == 0:
+            return False
+        self._targets = self._targets[due:]
+        return True
+
+    # ------------------------------------------------------------------ fitting
+
+    def _record(self, context: SaveContext, now: float) -> None:
+        value = context.metrics.get(self.metric)
+        try:
+            loss = float(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            self._warn(f"metric {self.metric!r} is missing or not a number; pass "
+                       f"maybe_save(..., metrics={{{self.metric!r}: loss}})")
+            return
+        if not math.isfinite(loss) or loss <= 0:
+            self._warn(f"metric {self.metric!r} was {loss!r}; such samples are skipped")
+            return
+        self._times.append(now / 60.0)
+        self._losses.append(loss)
+
+    def _maybe_fit(self, step: int, now: float, cost: float) -> None:
+        if self._next_fit_step is None:
+            origin = self.clock.origin_step or 0
+            self._next_fit_step = origin + (self.fit_step if self.fit is None else self.refit_every)
+        if self._needs_build:
+            self._needs_build = False
+            self._rebuild(now, cost)
+        if step < self._next_fit_step:
+            return
+        first = self.fit is None
+        try:
+            fit = fit_exponential(self._times, self._losses)
+        except FitError as exc:
+            if first:  # keep the samples: the retry sees more of the curve
+                self._next_fit_step = step + self.fit_step
+                self._set_fallback(f"{exc}; retrying in {self.fit_step} steps")
+            else:  # keep the previous fit
+                self._next_fit_step = step + self.refit_every
+                self._times.clear()
+                self._losses.clear()
+            return
+        self._times.clear()
+        self._losses.clear()
+        self.fits += 1
+        self._next_fit_step = step + self.refit_every
+        if first:
+            self.mean_rate = self._reference_rate(fit)
+        if self.fit is None or fit.moved(self.fit, self.refit_threshold):
+            self.fit = fit
+            self._rebuild(now, cost)
+
+    def _rebuild(self, now: float, cost: float) -> None:
+        assert self.fit is not None
+        if self.schedule == "value":
+            self.fallback = None
+            return
+        if not self.fit.decreasing:
+            self._set_fallback(f"the fitted loss curve is not decreasing (θ1 = {self.fit.theta1:.3g}/min)")
+            return
+        pc = coci_protected_loss(self.fit.theta1, cost / 60.0, 60.0 / self.mtbf)
+        if not (pc > 0 and math.isfinite(pc)):
+            self._set_fallback(f"COCI's protected loss per checkpoint is {pc!r}")
+            return
+        self._targets = coci_schedule(self.fit, now / 60.0, cost / 60.0, 60.0 / self.mtbf) * 60.0
+        self.fallback = None
+
+    def _set_fallback(self, reason: str) -> None:
+        self.fallback = reason
+        self._warn(f"convergence-aware policy falls back to Daly's interval: {reason}")
+
+    def _warn(self, message: str) -> None:
+        if message not in self._warned:
+            self._warned.add(message)
+            warnings.warn(message, PolicyWarning, stacklevel=4)
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def targets(self) -> np.ndarray:
+        """Pending COCI checkpoint times (policy seconds); empty for the value schedule."""
+        return self._targets.copy()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Clock, cost and fit, so a restored job keeps its schedule (put the policy in the state)."""
+        state: dict[str, Any] = self.clock.state_dict()
+        if self.fit is not None:
+            state.update(theta1=self.fit.theta1, theta2=self.fit.theta2, mean_rate=self.mean_rate)
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.clock.load_state_dict(state)
+        self._times.clear()
+        self._losses.clear()
+        self._next_fit_step = None
+        values = [state.get(k) for k in ("theta1", "theta2", "mean_rate")]
+        if all(isinstance(v, (int, float)) and math.isfinite(v) for v in values):
+            theta1, theta2, mean_rate = (float(v) for v in values)  # type: ignore[arg-type]
+            self.fit, self.mean_rate, self._needs_build = ExpFit(theta1, theta2), mean_rate, True
+
+    def __repr__(self) -> str:
+        return f"ConvergenceAware(mtbf={self.mtbf:g}, schedule={self.schedule!r})"

@@ -1,0 +1,19 @@
+"""Errors and warnings of the save policies."""
+
+from __future__ import annotations
+
+from crashsafe.errors import CrashsafeError
+
+__all__ = ["FitError", "PolicyError", "PolicyWarning"]
+
+
+class PolicyError(CrashsafeError, ValueError):
+    """A policy was configured with an impossible value (negative MTBF, unknown name, ...)."""
+
+
+class FitError(PolicyError):
+    """A loss curve could not be fitted; the caller falls back or asks for more samples."""
+
+
+class PolicyWarning(UserWarning):
+    """A policy switched to its documented fallback (e.g. the loss curve could not be fitted)."""
