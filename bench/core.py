@@ -334,7 +334,6 @@ def report(results: dict[int, dict[str, Row]], command: str) -> str:
         "first save, which allocates staging, is listed separately.",
         "",
     ]
-    targets = []
     for size, rows in results.items():
         cs_async = rows["crashsafe async"]
         memcpy = rows["memcpy (floor)"]["stall"]
@@ -347,20 +346,18 @@ def report(results: dict[int, dict[str, Row]], command: str) -> str:
             "|---|---|---|---|---|---|",
         ]
         for name, row in rows.items():
+            mem = f"{row['mem'] / MiB:.0f} MiB" if "mem" in row else "-"
             lines.append(
-                f"| {name} | {_fmt(row['stall'])} | {row['stall'] / memcpy:.1f}x | {_fmt(row.get('durable'))} "
-                f"| {_fmt(row.get('restore'))} | "
-                f"{row['mem'] / MiB:.0f} MiB |"
-                if "mem" in row
-                else f"| {name} | {_fmt(row['stall'])} | {row['stall'] / memcpy:.1f}x | {_fmt(row.get('durable'))} "
-                f"| {_fmt(row.get('restore'))} | - |"
+                f"| {name} | {_fmt(row['stall'])} | {row['stall'] / memcpy:.1f}x "
+                f"| {_fmt(row.get('durable'))} | {_fmt(row.get('restore'))} | {mem} |"
             )
         throughput = size / cs_async["persist"]
         raw_tp = size / raw
+        stall_ratio = cs_async["stall"] / memcpy
         lines += [
             "",
-            f"- crashsafe async stall = **{cs_async['stall'] / memcpy:.2f}x memcpy** (target <= 1.5x); "
-            f"torch.save+fsync stalls **{torch_save['stall'] / cs_async['stall']:.1f}x longer** (target >= 8x)",
+            f"- crashsafe async stall = **{stall_ratio:.2f}x memcpy** (target <= 1.5x); torch.save+fsync "
+            f"stalls **{torch_save['stall'] / cs_async['stall']:.1f}x longer** (target >= 8x)",
             f"- first save (allocates and pre-faults staging): {_fmt(cs_async['first_stall'])}",
             f"- persist throughput {throughput / MiB:.0f} MiB/s = **{throughput / raw_tp:.0%} of raw "
             f"write+fsync** ({raw_tp / MiB:.0f} MiB/s; target >= 90%)",
@@ -368,7 +365,6 @@ def report(results: dict[int, dict[str, Row]], command: str) -> str:
             f"**{torch_save['restore'] / cs_async['restore']:.2f}x** (target >= 1x)",
             "",
         ]
-        targets.append((size, cs_async, memcpy, torch_save, throughput / raw_tp))
     return "\n".join(lines) + "\n"
 
 
