@@ -22,7 +22,7 @@ class Raw(Codec):
     codec_id = "raw"
 
     def encode(self, array: np.ndarray[Any, Any]) -> BytesLike:
-        return memoryview(array.reshape(-1).view(np.uint8))
+        return array.reshape(-1).view(np.uint8).data
 
     def stored_nbytes(self, raw_nbytes: int) -> int | None:
         return raw_nbytes

@@ -35,10 +35,10 @@ class Zstd(Codec):
             raise ValueError("shuffle must be a bool")
 
     def encode(self, array: np.ndarray[Any, Any]) -> BytesLike:
-        raw = array.reshape(-1).view(np.uint8)
+        raw: np.ndarray[Any, Any] = array.reshape(-1).view(np.uint8)
         if self.shuffle and array.dtype.itemsize > 1:
             raw = raw.reshape(-1, array.dtype.itemsize).T.copy()
-        return zstandard.ZstdCompressor(level=self.level).compress(raw)
+        return zstandard.ZstdCompressor(level=self.level).compress(raw.data)
 
     def decode(self, data: BytesLike, dtype: np.dtype[Any], shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
         expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize

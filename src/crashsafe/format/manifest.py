@@ -258,9 +258,9 @@ def _validate_tree(node: object, n_payloads: int, used: set[int], depth: int, wh
             raise _bad(where, f"has a malformed {t!r} value")
         try:
             if t == "int":
-                int(node["v"])
+                int(str(node["v"]))
             elif t == "float":
-                float.fromhex(node["v"])
+                float.fromhex(str(node["v"]))
         except ValueError:
             raise _bad(where, f"has a malformed {t!r} value {node['v']!r}") from None
     elif t == "array":

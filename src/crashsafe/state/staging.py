@@ -77,14 +77,11 @@ def view_bytes(leaf: ArrayLeaf) -> np.ndarray[Any, Any]:
         t = leaf.source.detach().cpu().contiguous()
         if t.numel() == 0:
             return np.empty(leaf.shape, dtype=sd)
-        return t.reshape(-1).view(dtype=_uint8(t)).numpy().view(sd).reshape(leaf.shape)
+        import torch
+
+        flat: np.ndarray[Any, Any] = t.reshape(-1).view(torch.uint8).numpy()
+        return flat.view(sd).reshape(leaf.shape)
     if leaf.kind == "bytes":
         return np.frombuffer(leaf.source, dtype=np.uint8)
     array = np.asarray(leaf.source, dtype=sd)  # ascontiguousarray would turn 0-d into 1-d
     return array if array.flags.c_contiguous else array.copy()
-
-
-def _uint8(t: Any) -> Any:
-    import torch
-
-    return torch.uint8

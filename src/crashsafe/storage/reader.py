@@ -72,7 +72,7 @@ class StepReader:
     def read_stored(self, entry: PayloadEntry) -> np.ndarray[Any, Any]:
         """The stored (encoded) bytes of a payload, checksum-verified."""
         buf = np.empty(entry.nbytes, dtype=np.uint8)
-        view = memoryview(buf)
+        view = buf.data
         fd = self._fds[entry.file]
         pos = 0
         while pos < entry.nbytes:
@@ -93,7 +93,7 @@ class StepReader:
         stored = self.read_stored(entry)
         try:
             codec = get_codec(entry.codec)
-            return codec.decode(memoryview(stored), storage_dtype(entry.dtype), entry.shape)
+            return codec.decode(stored.data, storage_dtype(entry.dtype), entry.shape)
         except CodecError as exc:
             raise CorruptCheckpointError(f"{self.where}: payload '{entry.path}': {exc}") from None
 

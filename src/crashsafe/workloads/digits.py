@@ -88,7 +88,7 @@ class DigitsTrainer:
         self.model.train()
         self.optim.zero_grad(set_to_none=True)
         loss = F.cross_entropy(self.model(xb), yb)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         self.optim.step()
         self.sched.step()
         self.state["step"] = self.step + 1
