@@ -1,18 +1,19 @@
 """What a codec is: an immutable value that turns one array into bytes and back.
 
 A codec's JSON config (``{"id": ..., **params}``) is recorded per payload in the manifest, so a
-checkpoint decodes with nothing but itself. Two codec classes may share an id only if each decodes
-the other's output.
+checkpoint decodes with nothing but itself (and, for a :class:`DeltaCodec`, the base steps its
+manifest names). Two codec classes may share an id only if each decodes the other's output.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
-__all__ = ["BytesLike", "Codec"]
+__all__ = ["BytesLike", "Codec", "DeltaCodec", "Reference"]
 
 BytesLike = bytes | bytearray | memoryview
 
@@ -42,3 +43,51 @@ class Codec(ABC):
         """JSON config: ``id`` plus the constructor parameters."""
         params = {k: v for k, v in vars(self).items() if not k.startswith("_")}
         return {"id": self.codec_id, **params}
+
+
+@dataclass(eq=False)
+class Reference:
+    """What a delta codec encodes against: the reconstruction of the previous save, plus memo.
+
+    ``array`` holds exactly what decoding the chain so far yields (storage dtype and shape);
+    ``memo`` is codec-private state that both sides evolve identically (e.g. a cached Huffman
+    table). Codecs update a reference in place, so whoever keeps one owns it exclusively.
+    """
+
+    array: np.ndarray[Any, Any]
+    memo: object = None
+
+
+class DeltaCodec(Codec):
+    """A codec that may encode an array as a delta against a :class:`Reference`.
+
+    The codec value stays immutable and stateless; the caller (the manager, or a chain reader)
+    keeps the reference. ``encode_delta(a, None)`` writes a self-contained *full* payload, so
+    :meth:`encode`/:meth:`decode` work on full payloads like any codec. ``full_every`` bounds a
+    chain: every ``full_every``-th save of a path is full.
+    """
+
+    full_every: int
+
+    @abstractmethod
+    def encode_delta(
+        self, array: np.ndarray[Any, Any], reference: Reference | None
+    ) -> tuple[BytesLike, Reference]:
+        """Encode ``array`` against ``reference`` (None: a full payload).
+
+        Returns the payload and the new reference, which equals bit for bit what
+        :meth:`decode_delta` returns for that payload and the same input reference. The input
+        reference may be updated in place and returned; ``array`` is never kept.
+        """
+
+    @abstractmethod
+    def decode_delta(
+        self, data: BytesLike, dtype: np.dtype[Any], shape: tuple[int, ...], reference: Reference | None
+    ) -> Reference:
+        """Decode a payload (against ``reference`` if it is a delta); may update it in place."""
+
+    def encode(self, array: np.ndarray[Any, Any]) -> BytesLike:
+        return self.encode_delta(array, None)[0]
+
+    def decode(self, data: BytesLike, dtype: np.dtype[Any], shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
+        return self.decode_delta(data, dtype, shape, None).array

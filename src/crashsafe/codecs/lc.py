@@ -1,0 +1,262 @@
+"""LC-checkpoint (Chen et al., ICML 2020): lossy delta compression with approximate tracking.
+
+Each save encodes ``delta = state - reconstruction`` (the reconstruction of the previous save, not
+the true previous state, so quantization error is carried into the next delta instead of piling
+up). Deltas are bucketed by (sign, exponent); priority promotion keeps the ``2**bits - 1`` buckets
+of largest magnitude, each represented by one value (the bucket's midrange or mean), and maps all
+other elements to ZERO. The symbols are coded as zero-run tokens with a canonical Huffman code
+whose table is reused while it stays within 2% of optimal. Every ``full_every``-th save is a full,
+lossless one. Non-finite values are never zeroed: such elements are stored exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from crashsafe.codecs import zeroruns
+from crashsafe.codecs._floats import FloatFormat, float_format, format_by_code
+from crashsafe.codecs._frame import FrameReader, FrameWriter
+from crashsafe.codecs._lossless import pack, unpack
+from crashsafe.codecs.base import BytesLike, DeltaCodec, Reference
+from crashsafe.codecs.huffman import HuffmanTable, read_stream, write_stream
+from crashsafe.codecs.registry import register_codec
+from crashsafe.errors import CodecError
+
+__all__ = ["LC"]
+
+MAGIC = b"CSLC"
+VERSION = 1
+BLOCK = 1 << 20  # elements per block: bounds temporary memory; one token stream each
+_FULL, _DELTA = 0, 1
+_REPS = ("midrange", "mean")
+_NO_TOKENS, _SAME_TABLE, _NEW_TABLE = 0, 1, 2
+_STABLE = 1.02  # reuse a cached table while it costs at most 2% over the entropy bound
+
+
+@dataclass(frozen=True)
+class _Buckets:
+    reps: np.ndarray[Any, Any]  # compute dtype, one per kept bucket (symbol i+1)
+    symbol: np.ndarray[Any, Any]  # uint8 symbol of every (sign, exponent) key
+    threshold: int  # smallest |delta| bit pattern that can be in a kept bucket
+    nonfinite: bool  # some delta is inf or nan
+
+
+@register_codec
+@dataclass(frozen=True)
+class LC(DeltaCodec):
+    """LC-checkpoint lossy delta codec for float tensors.
+
+    Args:
+        bits: 2 or 3; ``2**bits - 1`` buckets are kept (3 is the default, 2 compresses harder).
+        rep: ``"midrange"`` ((max + min) / 2 of the bucket, as in the paper) or ``"mean"``.
+        full_every: every ``full_every``-th save of a tensor is full and lossless.
+    """
+
+    codec_id = "lc"
+    lossy = True
+    bits: int = 3
+    rep: str = "midrange"
+    full_every: int = 100
+
+    def __post_init__(self) -> None:
+        if self.bits not in (2, 3) or isinstance(self.bits, bool):
+            raise ValueError(f"LC bits must be 2 or 3, got {self.bits!r}")
+        if self.rep not in _REPS:
+            raise ValueError(f"LC rep must be one of {_REPS}, got {self.rep!r}")
+        if isinstance(self.full_every, bool) or not isinstance(self.full_every, int) or self.full_every < 1:
+            raise ValueError(f"full_every must be an int >= 1, got {self.full_every!r}")
+
+    # ------------------------------------------------------------------------------ encode
+
+    def encode_delta(
+        self, array: np.ndarray[Any, Any], reference: Reference | None
+    ) -> tuple[BytesLike, Reference]:
+        fmt = float_format(array.dtype, "lc")
+        if reference is None:
+            out = FrameWriter(MAGIC)
+            for field in (VERSION, _FULL, fmt.code):
+                out.u8(field)
+            out.blob(pack(array, level=1))
+            return out.getvalue(), Reference(np.array(array, copy=True))
+        if reference.array.shape != array.shape or reference.array.dtype != array.dtype:
+            raise CodecError(
+                f"lc reference is {reference.array.dtype}{reference.array.shape}, the array "
+                f"{array.dtype}{array.shape}; start a new chain with a full payload"
+            )
+        return self._encode_delta(array.reshape(-1), reference, fmt), reference
+
+    def _encode_delta(self, u: np.ndarray[Any, Any], reference: Reference, fmt: FloatFormat) -> bytes:
+        r = reference.array.reshape(-1)
+        buckets = self._buckets(u, r, fmt)
+        k = buckets.reps.size
+        out = FrameWriter(MAGIC)
+        for field in (VERSION, _DELTA, fmt.code, self.bits, _REPS.index(self.rep)):
+            out.u8(field)
+        out.u64(u.size)
+        out.u32(BLOCK)
+        out.u8(k)
+        out.array(buckets.reps)
+        extras = zeroruns.alphabet(min(BLOCK, u.size), k) if k else None
+        table = reference.memo if isinstance(reference.memo, HuffmanTable) else None
+        absmask = fmt.bits.type(np.iinfo(fmt.bits).max >> 1)
+        threshold = fmt.bits.type(buckets.threshold)
+        for start in range(0, u.size, BLOCK):
+            ub, rb = u[start : start + BLOCK], r[start : start + BLOCK]
+            d = fmt.delta(ub, rb)
+            pos = vals = np.empty(0, dtype=np.int64)
+            if k:
+                dbits = d.view(fmt.bits)
+                cand = np.flatnonzero((dbits & absmask) >= threshold)
+                sym = buckets.symbol[dbits[cand] >> fmt.mantissa]
+                hit = np.flatnonzero(sym)
+                pos, vals = cand[hit], sym[hit]
+                if pos.size:
+                    rb[pos] = fmt.from_compute(fmt.to_compute(rb[pos]) + buckets.reps[vals - 1])
+            bad = [pos[~fmt.isfinite(rb[pos])]]
+            if buckets.nonfinite:
+                bad.append(np.flatnonzero(~np.isfinite(d)))
+            exceptions = np.unique(np.concatenate(bad))
+            if pos.size:
+                assert extras is not None
+                table = _write_tokens(out, pos, vals, k, extras, table)
+            else:
+                out.u8(_NO_TOKENS)
+            rb[exceptions] = ub[exceptions]
+            out.u32(exceptions.size)
+            out.array(exceptions.astype(np.uint32))
+            out.array(ub[exceptions])
+        reference.memo = table
+        return out.getvalue()
+
+    def _buckets(self, u: np.ndarray[Any, Any], r: np.ndarray[Any, Any], fmt: FloatFormat) -> _Buckets:
+        """Pass 1: per (sign, exponent) key the max and min |delta| (or the sum), then promotion."""
+        nkeys = 2 * (fmt.exp_max + 1)
+        top = np.zeros(nkeys, dtype=fmt.bits)
+        inv_bottom = np.zeros(nkeys, dtype=fmt.bits)
+        sums = np.zeros(nkeys, dtype=np.float64)
+        counts = np.zeros(nkeys, dtype=np.int64)
+        for start in range(0, u.size, BLOCK):
+            d = fmt.delta(u[start : start + BLOCK], r[start : start + BLOCK])
+            dbits = d.view(fmt.bits)
+            key = (dbits >> fmt.mantissa).astype(np.intp)
+            np.maximum.at(top, key, dbits)
+            np.maximum.at(inv_bottom, key, ~dbits)
+            if self.rep == "mean":
+                sums += np.bincount(key, weights=d, minlength=nkeys)
+                counts += np.bincount(key, minlength=nkeys)
+        keys = np.arange(nkeys)
+        exponent = keys & fmt.exp_max
+        present = top != 0
+        nonfinite = bool(np.any(present & (exponent == fmt.exp_max)))
+        eligible = np.flatnonzero(present & (exponent != 0) & (exponent != fmt.exp_max))
+        if self.rep == "mean":
+            rep = sums[eligible] / counts[eligible]
+        else:
+            hi = top[eligible].view(fmt.compute).astype(np.float64)
+            lo = (~inv_bottom[eligible]).view(fmt.compute).astype(np.float64)
+            rep = lo + (hi - lo) / 2
+        kept = np.lexsort((eligible, -np.abs(rep)))[: (1 << self.bits) - 1]
+        symbol = np.zeros(nkeys, dtype=np.uint8)
+        symbol[eligible[kept]] = np.arange(1, kept.size + 1)
+        threshold = int(exponent[eligible[kept]].min()) << fmt.mantissa if kept.size else 0
+        return _Buckets(rep[kept].astype(fmt.compute), symbol, threshold, nonfinite)
+
+    # ------------------------------------------------------------------------------ decode
+
+    def decode_delta(
+        self, data: BytesLike, dtype: np.dtype[Any], shape: tuple[int, ...], reference: Reference | None
+    ) -> Reference:
+        fmt = float_format(dtype, "lc")
+        src = FrameReader(data, MAGIC, "lc")
+        src.expect(VERSION, src.u8(), "version")
+        kind = src.u8()
+        if format_by_code(src.u8(), "lc") is not fmt:
+            raise CodecError(f"lc payload holds another float type than the manifest's {dtype}")
+        if kind == _FULL:
+            if reference is not None:
+                raise CodecError("lc payload is a full checkpoint but the manifest names a base step")
+            out = np.empty(shape, dtype=dtype)
+            unpack(src.blob(), out, xor=False, what="lc")
+            src.done()
+            return Reference(out)
+        if kind != _DELTA:
+            raise CodecError(f"lc payload has unknown kind {kind}")
+        if reference is None:
+            raise CodecError(
+                "lc payload is a delta against an earlier step; read it through its chain "
+                "(CheckpointManager.load or crashsafe.chain.read_step)"
+            )
+        if reference.array.shape != tuple(shape) or reference.array.dtype != dtype:
+            raise CodecError("lc delta does not fit the reconstruction of its base step")
+        src.expect(self.bits, src.u8(), "bits")
+        src.expect(_REPS.index(self.rep), src.u8(), "rep")
+        r = reference.array.reshape(-1)
+        src.expect(r.size, src.u64(), "element count")
+        block = src.u32()
+        k = src.u8()
+        if not 0 < block <= 1 << 26 or k >= 1 << self.bits:
+            raise CodecError("lc payload has a damaged header")
+        reps = src.array(fmt.compute, k)
+        if not np.all(np.isfinite(reps)):
+            raise CodecError("lc payload has non-finite bucket values")
+        extras = zeroruns.alphabet(min(block, r.size), k) if k else None
+        table = reference.memo if isinstance(reference.memo, HuffmanTable) else None
+        for start in range(0, r.size, block):
+            rb = r[start : start + block]
+            flag = src.u8()
+            if flag != _NO_TOKENS:
+                if extras is None:
+                    raise CodecError("lc payload has tokens but no buckets")
+                if flag == _NEW_TABLE:
+                    table = HuffmanTable.from_bytes(src.blob(), extras)
+                elif flag != _SAME_TABLE or table is None or table.lengths.size != extras.size:
+                    raise CodecError("lc payload refers to a code table it does not have")
+                tokens, extra = read_stream(src, table, rb.size)
+                pos, vals = zeroruns.from_tokens(tokens, extra, k, rb.size)
+                rb[pos] = fmt.from_compute(fmt.to_compute(rb[pos]) + reps[vals - 1])
+            count = src.u32()
+            idx = src.array(np.uint32, count)
+            if count and (idx[-1] >= rb.size or np.any(np.diff(idx.astype(np.int64)) <= 0)):
+                raise CodecError("lc payload has damaged exception indices")
+            rb[idx] = src.array(dtype, count)
+        src.done()
+        reference.memo = table
+        return reference
+
+
+def _write_tokens(
+    out: FrameWriter,
+    pos: np.ndarray[Any, Any],
+    vals: np.ndarray[Any, Any],
+    k: int,
+    extras: np.ndarray[Any, Any],
+    table: HuffmanTable | None,
+) -> HuffmanTable:
+    """Code one block's symbols, reusing ``table`` while it stays near optimal; return the table used."""
+    tokens, extra = zeroruns.to_tokens(pos, vals, k)
+    freq = np.bincount(tokens, minlength=extras.size)
+    old = table.cost(freq) if table is not None and table.lengths.size == extras.size else None
+    if old is not None and old <= _STABLE * _entropy_bits(freq):
+        out.u8(_SAME_TABLE)
+    else:
+        new = HuffmanTable.build(freq, extras)
+        blob = new.to_bytes()
+        new_cost = new.cost(freq)
+        assert new_cost is not None
+        if old is not None and old <= new_cost + 8 * (len(blob) + 8):
+            out.u8(_SAME_TABLE)
+        else:
+            out.u8(_NEW_TABLE)
+            out.blob(blob)
+            table = new
+    assert table is not None
+    write_stream(out, table, tokens, extra)
+    return table
+
+
+def _entropy_bits(freq: np.ndarray[Any, Any]) -> float:
+    f = freq[freq > 0].astype(np.float64)
+    return float(np.sum(f * np.log2(f.sum() / f)))

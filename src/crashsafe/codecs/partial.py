@@ -1,0 +1,168 @@
+"""Baselines for LC-checkpoint at a fixed byte budget: SCAR-style partial and TOP-N checkpoints.
+
+Both keep the reconstruction a restore would see (each element's value as last saved) and, at
+each save, store exactly the parts that moved furthest from it, as many as ``budget`` (a fraction
+of the tensor's full size, indices included) allows:
+
+- :class:`Scar` (Qiao et al., ICML 2019, "prioritized checkpoints"): whole parameter blocks —
+  rows of the tensor, as a parameter server shards them — ranked by the norm of their change.
+- :class:`TopN`: single elements ranked by ``|change|``, each with its index.
+
+Changes that are not finite rank first and are stored exactly, like any other value.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from crashsafe.codecs._floats import FloatFormat, float_format, format_by_code
+from crashsafe.codecs._frame import FrameReader, FrameWriter
+from crashsafe.codecs._lossless import pack, unpack
+from crashsafe.codecs.base import BytesLike, DeltaCodec, Reference
+from crashsafe.codecs.registry import register_codec
+from crashsafe.errors import CodecError
+
+__all__ = ["Scar", "TopN"]
+
+VERSION = 1
+_FULL, _DELTA = 0, 1
+_CHUNK = 1 << 20  # elements scored at once
+
+
+@dataclass(frozen=True)
+class _Partial(DeltaCodec):
+    """Shared machinery: rank rows of the tensor by change, store the top ones exactly."""
+
+    magic: ClassVar[bytes]
+    lossy = True
+    budget: float = 0.05
+    full_every: int = 100
+
+    def __post_init__(self) -> None:
+        budget = self.budget
+        if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 < budget <= 1:
+            raise ValueError(f"budget must be a fraction in (0, 1], got {self.budget!r}")
+        if isinstance(self.full_every, bool) or not isinstance(self.full_every, int) or self.full_every < 1:
+            raise ValueError(f"full_every must be an int >= 1, got {self.full_every!r}")
+
+    @abstractmethod
+    def _row_length(self, shape: tuple[int, ...]) -> int:
+        """Elements per ranked unit (a row for SCAR, one element for TOP-N) of a non-empty tensor."""
+
+    def _rows(self, array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        return array.reshape(-1, self._row_length(array.shape)) if array.size else array.reshape(0, 1)
+
+    def encode_delta(
+        self, array: np.ndarray[Any, Any], reference: Reference | None
+    ) -> tuple[BytesLike, Reference]:
+        fmt = float_format(array.dtype, self.codec_id)
+        out = FrameWriter(self.magic)
+        for field in (VERSION, _FULL if reference is None else _DELTA, fmt.code):
+            out.u8(field)
+        if reference is None:
+            out.blob(pack(array, level=1))
+            return out.getvalue(), Reference(np.array(array, copy=True))
+        if reference.array.shape != array.shape or reference.array.dtype != array.dtype:
+            raise CodecError(
+                f"{self.codec_id} reference is {reference.array.dtype}{reference.array.shape}, the "
+                f"array {array.dtype}{array.shape}; start a new chain with a full payload"
+            )
+        u = self._rows(array)
+        r = reference.array.reshape(u.shape)
+        index = np.uint32 if u.shape[0] <= 1 << 32 else np.uint64
+        unit = np.dtype(index).itemsize + u.shape[1] * array.dtype.itemsize
+        count = int(self.budget * array.nbytes // unit)
+        rows = _top_rows(u, r, fmt, count)
+        out.u64(rows.size)
+        out.array(rows.astype(index))
+        out.array(u[rows])
+        r[rows] = u[rows]
+        return out.getvalue(), reference
+
+    def decode_delta(
+        self, data: BytesLike, dtype: np.dtype[Any], shape: tuple[int, ...], reference: Reference | None
+    ) -> Reference:
+        what = self.codec_id
+        fmt = float_format(dtype, what)
+        src = FrameReader(data, self.magic, what)
+        src.expect(VERSION, src.u8(), "version")
+        kind = src.u8()
+        if format_by_code(src.u8(), what) is not fmt:
+            raise CodecError(f"{what} payload holds another float type than the manifest's {dtype}")
+        if kind == _FULL:
+            if reference is not None:
+                raise CodecError(f"{what} payload is a full checkpoint but the manifest names a base step")
+            out = np.empty(shape, dtype=dtype)
+            unpack(src.blob(), out, xor=False, what=what)
+            src.done()
+            return Reference(out)
+        if kind != _DELTA or reference is None:
+            raise CodecError(
+                f"{what} payload is a delta against an earlier step; read it through its chain "
+                "(CheckpointManager.load or crashsafe.chain.read_step)"
+            )
+        if reference.array.shape != tuple(shape) or reference.array.dtype != dtype:
+            raise CodecError(f"{what} delta does not fit the reconstruction of its base step")
+        r = self._rows(reference.array)
+        count = src.u64()
+        if count > r.shape[0]:
+            raise CodecError(f"{what} payload stores more rows than the tensor has")
+        index = np.uint32 if r.shape[0] <= 1 << 32 else np.uint64
+        rows = src.array(index, count).astype(np.int64)
+        if count and (rows[-1] >= r.shape[0] or np.any(np.diff(rows) <= 0)):
+            raise CodecError(f"{what} payload has damaged indices")
+        r[rows] = src.array(dtype, count * r.shape[1]).reshape(count, r.shape[1])
+        src.done()
+        return reference
+
+
+def _top_rows(
+    u: np.ndarray[Any, Any], r: np.ndarray[Any, Any], fmt: FloatFormat, count: int
+) -> np.ndarray[Any, Any]:
+    """Sorted indices of the ``count`` rows with the largest nonzero change (non-finite first)."""
+    best_rows = np.empty(0, dtype=np.int64)
+    best_score = np.empty(0, dtype=np.float64)
+    if count == 0:
+        return best_rows
+    step = max(1, _CHUNK // max(u.shape[1], 1))
+    for start in range(0, u.shape[0], step):
+        d = fmt.delta(u[start : start + step], r[start : start + step]).astype(np.float64)
+        with np.errstate(over="ignore", invalid="ignore"):
+            score = np.square(d).sum(axis=1)
+        score[~np.isfinite(score)] = np.inf
+        moved = np.flatnonzero(score > 0)
+        rows = np.concatenate((best_rows, moved + start))
+        scores = np.concatenate((best_score, score[moved]))
+        if rows.size > count:
+            keep = np.argpartition(-scores, count - 1)[:count]
+            rows, scores = rows[keep], scores[keep]
+        best_rows, best_score = rows, scores
+    return np.sort(best_rows)
+
+
+@register_codec
+@dataclass(frozen=True)
+class Scar(_Partial):
+    """SCAR prioritized partial checkpoint: the rows (first axis) that changed most, stored exactly."""
+
+    codec_id = "scar"
+    magic = b"CSSC"
+
+    def _row_length(self, shape: tuple[int, ...]) -> int:
+        return int(np.prod(shape[1:], dtype=np.int64)) if len(shape) >= 2 else 1
+
+
+@register_codec
+@dataclass(frozen=True)
+class TopN(_Partial):
+    """TOP-N: the elements whose change is largest, with their indices, stored exactly."""
+
+    codec_id = "topn"
+    magic = b"CSTN"
+
+    def _row_length(self, shape: tuple[int, ...]) -> int:
+        return 1
