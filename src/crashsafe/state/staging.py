@@ -7,28 +7,15 @@ than a copy into warm memory) and reused by every later save of the same shapes.
 
 from __future__ import annotations
 
-import mmap
 from typing import Any
 
 import numpy as np
 
+from crashsafe._memory import alloc_bytes
 from crashsafe.format.dtypes import storage_dtype
 from crashsafe.state.tree import ArrayLeaf
 
 __all__ = ["StagingPool", "view_bytes"]
-
-
-def _prefaulted(nbytes: int) -> np.ndarray[Any, Any]:
-    """A writable uint8 buffer whose pages are already mapped (transparent huge pages if allowed)."""
-    if nbytes < (1 << 20):
-        buf = np.empty(nbytes, dtype=np.uint8)
-    else:
-        region = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        if hasattr(mmap, "MADV_HUGEPAGE"):
-            region.madvise(mmap.MADV_HUGEPAGE)
-        buf = np.frombuffer(region, dtype=np.uint8)
-    buf.fill(0)
-    return buf
 
 
 class StagingPool:
@@ -51,7 +38,7 @@ class StagingPool:
     def _copy(self, leaf: ArrayLeaf) -> np.ndarray[Any, Any]:
         buf = self._buffers.get(leaf.path)
         if buf is None or buf.nbytes != leaf.nbytes:
-            buf = self._buffers[leaf.path] = _prefaulted(leaf.nbytes)
+            buf = self._buffers[leaf.path] = alloc_bytes(leaf.nbytes, prefault=True)
         typed = buf.view(storage_dtype(leaf.dtype)).reshape(leaf.shape)
         if leaf.nbytes == 0:
             return typed

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
+from crashsafe._memory import alloc_bytes
 from crashsafe.codecs.registry import get_codec
 from crashsafe.errors import CodecError, CorruptCheckpointError, NoCheckpointError
 from crashsafe.format.dtypes import storage_dtype
@@ -71,7 +72,7 @@ class StepReader:
 
     def read_stored(self, entry: PayloadEntry) -> np.ndarray[Any, Any]:
         """The stored (encoded) bytes of a payload, checksum-verified."""
-        buf = np.empty(entry.nbytes, dtype=np.uint8)
+        buf = alloc_bytes(entry.nbytes)
         view = buf.data
         fd = self._fds[entry.file]
         pos = 0
