@@ -8,7 +8,6 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install --disable-pip-version-check -q --upgrade pip==23.2.1 || true
 	$(BIN)/pip install --disable-pip-version-check -q -c constraints.txt "torch==2.13.0"
 	$(BIN)/pip install --disable-pip-version-check -q -c constraints.txt -e ".[dev]"
 	touch $(STAMP)
