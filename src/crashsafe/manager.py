@@ -8,6 +8,7 @@ is in flight: a new save first waits for the previous one, whose error (if any) 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fnmatch
 import math
 import os
@@ -154,8 +155,11 @@ class CheckpointManager:
         def persist() -> SaveStats:
             return self._persist(step, tree, leaves, arrays, clean_metrics, stall)
 
-        if self._executor is None:
-            self._stats.append(persist())
+        if self._executor is None:  # sync: the loop also waits for the write and the commit
+            stats = persist()
+            blocked = time.perf_counter() - begin
+            self._stalled += blocked - stall
+            self._stats.append(dataclasses.replace(stats, stall=blocked))
         else:
             self._pending = self._executor.submit(persist)
             self._pending_step = step
