@@ -1,0 +1,23 @@
+"""Persistent-memory shelf (PyMM): variables in a memory-mapped arena, changed in crash-consistent
+transactions, recovered on reopen. See ``docs/shelf.md``."""
+
+from crashsafe.shelf.errors import (
+    CorruptShelfError,
+    NotAShelfError,
+    ShelfError,
+    ShelfFullError,
+    ShelfRecoveredWarning,
+)
+from crashsafe.shelf.shelf import RecoveryInfo, Shelf, Transaction, VarInfo
+
+__all__ = [
+    "CorruptShelfError",
+    "NotAShelfError",
+    "RecoveryInfo",
+    "Shelf",
+    "ShelfError",
+    "ShelfFullError",
+    "ShelfRecoveredWarning",
+    "Transaction",
+    "VarInfo",
+]

@@ -1,0 +1,180 @@
+"""The arena file's fixed binary layout: superblock, undo-record area, two metadata slots, data.
+
+::
+
+    [0, 4 KiB)            superblock: magic, format version, where each region starts, checksum
+    [4 KiB, +64 KiB)      undo records of the transaction in progress (64 bytes each)
+    slot 0, slot 1        the metadata (JSON: variables, allocation, last transaction), ping-pong
+    [data_start, size)    variable blocks, 64-byte aligned
+
+Everything is little-endian and checksummed with xxh3-64. The superblock is written once, when the
+file is created; the arena's size lives in the metadata so that growing it is an ordinary commit.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+import uuid
+from dataclasses import dataclass
+
+import xxhash
+
+from crashsafe.shelf.errors import CorruptShelfError, NotAShelfError
+
+__all__ = [
+    "ALIGN",
+    "FORMAT_VERSION",
+    "META_HEADER",
+    "PAGE",
+    "RECORD_BYTES",
+    "Record",
+    "Superblock",
+    "decode_meta_slot",
+    "encode_meta_slot",
+    "new_superblock",
+]
+
+MAGIC = b"CRASHSAFE-SHELF\x00"
+FORMAT_VERSION = 1
+PAGE = 4096
+ALIGN = 64
+RECORD_AREA = 64 * 1024
+RECORD_BYTES = 64
+META_MAGIC = b"CSMETA01"
+META_HEADER = 32
+RECORD_MAGIC = b"CSTX"
+
+_SUPER = struct.Struct("<16sII5Q16sd")  # magic, version, reserved, 5 offsets/sizes, uuid, created
+_META = struct.Struct("<8sQQ")  # magic, seq, payload length (+ u64 checksum after)
+_RECORD = struct.Struct("<4sIQQQQd")  # magic, kind, seq, target, nbytes, saved, time (+ u64 checksum)
+_U64 = struct.Struct("<Q")
+
+
+def _xxh(*parts: bytes | memoryview) -> int:
+    h = xxhash.xxh3_64()
+    for part in parts:
+        h.update(part)
+    return h.intdigest()
+
+
+@dataclass(frozen=True)
+class Superblock:
+    """Where the regions of an arena file are; immutable after creation."""
+
+    version: int
+    record_off: int
+    record_size: int
+    slot_off: int
+    slot_size: int
+    data_start: int
+    uuid: bytes
+    created: float
+
+    def slot(self, index: int) -> int:
+        """Byte offset of metadata slot 0 or 1."""
+        return self.slot_off + index * self.slot_size
+
+    def pack(self) -> bytes:
+        body = _SUPER.pack(MAGIC, self.version, 0, self.record_off, self.record_size, self.slot_off,
+                           self.slot_size, self.data_start, self.uuid, self.created)
+        return body + _U64.pack(_xxh(body))
+
+    @classmethod
+    def unpack(cls, raw: bytes, path: object) -> Superblock:
+        """Parse and check the first page; refuse foreign or damaged files with a clear error."""
+        if len(raw) < _SUPER.size + 8:
+            raise NotAShelfError(
+                f"{path} is not a crashsafe shelf: it is only {len(raw)} bytes long. Choose another "
+                "path, or delete the file if it is a leftover."
+            )
+        fields = _SUPER.unpack_from(raw)
+        if fields[0] != MAGIC:
+            raise NotAShelfError(
+                f"{path} is not a crashsafe shelf (its first bytes are {raw[:16]!r}). Refusing to "
+                "touch it: choose another path for the shelf."
+            )
+        (checksum,) = _U64.unpack_from(raw, _SUPER.size)
+        if checksum != _xxh(raw[: _SUPER.size]):
+            raise CorruptShelfError(
+                f"{path}: the shelf's superblock fails its checksum; the file is damaged. Restore it "
+                "from a copy; crashsafe will not guess its layout."
+            )
+        sb = cls(version=fields[1], record_off=fields[3], record_size=fields[4], slot_off=fields[5],
+                 slot_size=fields[6], data_start=fields[7], uuid=fields[8], created=fields[9])
+        if sb.version > FORMAT_VERSION:
+            raise NotAShelfError(
+                f"{path} uses shelf format {sb.version}, newer than this crashsafe understands "
+                f"({FORMAT_VERSION}). Upgrade crashsafe to open it."
+            )
+        ordered = (sb.record_off >= PAGE and sb.record_off + sb.record_size <= sb.slot_off
+                   and sb.slot(2) <= sb.data_start and sb.slot_size > META_HEADER
+                   and sb.record_size % RECORD_BYTES == 0 and sb.data_start % PAGE == 0)
+        if not ordered:
+            raise CorruptShelfError(f"{path}: the shelf's superblock describes an impossible layout")
+        return sb
+
+
+def new_superblock(size: int) -> Superblock:
+    """Layout for a new arena of ``size`` bytes: metadata slots scale with it (64 KiB..4 MiB)."""
+    slot_size = min(4 << 20, max(64 << 10, (size // 256) // PAGE * PAGE))
+    record_off = PAGE
+    slot_off = record_off + RECORD_AREA
+    data_start = slot_off + 2 * slot_size
+    return Superblock(FORMAT_VERSION, record_off, RECORD_AREA, slot_off, slot_size, data_start,
+                      uuid.uuid4().bytes, time.time())
+
+
+def encode_meta_slot(seq: int, payload: bytes) -> bytes:
+    """Header (magic, seq, length, checksum over header and payload) followed by the payload."""
+    head = _META.pack(META_MAGIC, seq, len(payload))
+    return head + _U64.pack(_xxh(head, payload)) + payload
+
+
+def decode_meta_slot(raw: bytes | memoryview, slot_size: int) -> tuple[int, bytes] | None:
+    """(seq, payload) of a valid slot; None if the slot is empty, torn or damaged."""
+    if len(raw) < META_HEADER:
+        return None
+    magic, seq, length = _META.unpack_from(raw)
+    if magic != META_MAGIC or length > slot_size - META_HEADER:
+        return None
+    (checksum,) = _U64.unpack_from(raw, _META.size)
+    payload = bytes(raw[META_HEADER : META_HEADER + length])
+    if checksum != _xxh(bytes(raw[: _META.size]), payload):
+        return None
+    return seq, payload
+
+
+@dataclass(frozen=True)
+class Record:
+    """One undo record. Record 0 of a transaction is its BEGIN; the others save one block each.
+
+    ``target``/``nbytes`` is the block that may be overwritten in place; ``saved`` is where its
+    committed bytes were copied before that (a block that is free in the committed metadata).
+    """
+
+    BEGIN = 0
+    UNDO = 1
+
+    kind: int
+    seq: int
+    target: int = 0
+    nbytes: int = 0
+    saved: int = 0
+    time: float = 0.0
+
+    def pack(self) -> bytes:
+        body = _RECORD.pack(RECORD_MAGIC, self.kind, self.seq, self.target, self.nbytes, self.saved,
+                            self.time)
+        return (body + _U64.pack(_xxh(body))).ljust(RECORD_BYTES, b"\x00")
+
+    @classmethod
+    def unpack(cls, raw: bytes | memoryview) -> Record | None:
+        """The record in ``raw``, or None if it is empty, torn or damaged."""
+        body = bytes(raw[: _RECORD.size])
+        magic, kind, seq, target, nbytes, saved, when = _RECORD.unpack(body)
+        if magic != RECORD_MAGIC or kind not in (cls.BEGIN, cls.UNDO):
+            return None
+        if _U64.unpack_from(raw, _RECORD.size)[0] != _xxh(body):
+            return None
+        return cls(kind, seq, target, nbytes, saved, when)

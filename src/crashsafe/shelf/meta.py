@@ -1,0 +1,167 @@
+"""The shelf's metadata: every variable's kind, type, shape, block and checksum, as validated JSON.
+
+The metadata is the allocator's only record (a block is used iff a variable points at it), so one
+atomic metadata switch commits data, allocation and versions together. Loaded metadata is
+untrusted input: every field is type- and range-checked before any byte is used.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal, NamedTuple, TypeGuard
+
+import numpy as np
+
+from crashsafe.format.dtypes import DTYPES
+from crashsafe.shelf.errors import CorruptShelfError
+
+__all__ = [
+    "DTYPE_NAMES", "NUMERIC_DTYPES", "Entry", "Kind", "Meta", "decode_meta", "encode_meta", "scalar_ok",
+]
+
+Kind = Literal["array", "str", "bytes", "scalar"]
+_BLOCK_KINDS = ("array", "str", "bytes")
+_SCALAR_TYPES = ("bool", "int", "float", "complex", "none")
+# numpy dtypes a shelf variable may have (the torch-only names of DTYPES are not numpy types)
+NUMERIC_DTYPES = {name: dt for name, dt in DTYPES.items() if dt.name == name}
+DTYPE_NAMES = {dt: name for name, dt in NUMERIC_DTYPES.items()}
+
+
+class Entry(NamedTuple):
+    """One variable. Block kinds own ``nbytes`` at ``offset``; scalars live in the metadata."""
+
+    kind: Kind
+    version: int
+    dtype: str = ""
+    shape: tuple[int, ...] = ()
+    offset: int = 0
+    nbytes: int = 0
+    digest: int = 0
+    value: Any = None
+
+    @property
+    def has_block(self) -> bool:
+        return self.kind != "scalar"
+
+    def to_json(self) -> list[Any]:
+        """Compact JSON form: ``[kind, version, dtype, shape, offset, nbytes, xxh3 hex]`` for blocks,
+        ``["scalar", version, type, value]`` for scalars."""
+        if self.kind != "scalar":
+            return [self.kind, self.version, self.dtype, list(self.shape), self.offset, self.nbytes,
+                    f"{self.digest:016x}"]
+        value = [self.value.real, self.value.imag] if isinstance(self.value, complex) else self.value
+        return ["scalar", self.version, _scalar_type(self.value), value]
+
+
+@dataclass
+class Meta:
+    """Committed state of a shelf: transaction number, arena size, variables, last events."""
+
+    seq: int
+    size: int
+    vars: dict[str, Entry] = field(default_factory=dict)
+    tx: dict[str, Any] = field(default_factory=dict)
+    rollback: dict[str, Any] | None = None
+
+
+def _scalar_type(value: object) -> str:
+    if value is None:
+        return "none"
+    return type(value).__name__
+
+
+def encode_meta(meta: Meta) -> bytes:
+    """Compact JSON of ``meta`` (floats round-trip exactly; NaN/inf use JSON's extension)."""
+    doc = {"format": 1, "size": meta.size, "tx": meta.tx, "rollback": meta.rollback,
+           "vars": {name: entry.to_json() for name, entry in meta.vars.items()}}
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def _fail(path: object, what: str) -> CorruptShelfError:
+    return CorruptShelfError(
+        f"{path}: the shelf's metadata is invalid ({what}) although its checksum matches; the "
+        "file was forged or written by a broken tool. Refusing to use it."
+    )
+
+
+def _int(value: object, low: int = 0) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def decode_meta(payload: bytes, seq: int, data_start: int, path: object) -> Meta:
+    """Parse and validate metadata; any inconsistency raises :class:`CorruptShelfError`."""
+    try:
+        doc = json.loads(payload)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise _fail(path, f"not JSON: {exc}") from None
+    if not isinstance(doc, dict) or doc.get("format") != 1:
+        raise _fail(path, "unknown metadata format")
+    size, raw_vars = doc.get("size"), doc.get("vars")
+    if not _int(size, data_start) or not isinstance(raw_vars, dict):
+        raise _fail(path, "size or variable table missing")
+    tx, rollback = doc.get("tx", {}), doc.get("rollback")
+    if not isinstance(tx, dict) or not (rollback is None or isinstance(rollback, dict)):
+        raise _fail(path, "transaction records malformed")
+    entries = {name: _decode_entry(name, raw, path) for name, raw in raw_vars.items()}
+    _check_blocks(entries, data_start, size, path)
+    return Meta(seq, size, entries, tx, rollback)
+
+
+def _decode_entry(name: str, raw: object, path: object) -> Entry:
+    if not name or not isinstance(raw, list) or len(raw) < 4 or not _int(raw[1], 1):
+        raise _fail(path, f"variable {name!r} malformed")
+    kind, version = raw[0], raw[1]
+    if kind == "scalar" and len(raw) == 4:
+        return Entry("scalar", version, value=_decode_scalar(name, raw[2], raw[3], path))
+    if kind not in _BLOCK_KINDS or len(raw) != 7:
+        raise _fail(path, f"variable {name!r} has unknown kind {kind!r}")
+    _, _, dtype, shape, offset, nbytes, digest = raw
+    if not _int(offset) or not _int(nbytes) or not isinstance(digest, str) or len(digest) != 16:
+        raise _fail(path, f"variable {name!r} has a malformed block")
+    try:
+        digest_int = int(digest, 16)
+    except ValueError:
+        raise _fail(path, f"variable {name!r} has a malformed checksum") from None
+    if kind != "array":
+        if dtype != "" or shape != []:
+            raise _fail(path, f"{kind} {name!r} has a dtype or shape")
+        return Entry(kind, version, offset=offset, nbytes=nbytes, digest=digest_int)
+    if dtype not in NUMERIC_DTYPES or not isinstance(shape, list) or not all(_int(s) for s in shape):
+        raise _fail(path, f"array {name!r} has a bad dtype or shape")
+    if math.prod(shape) * NUMERIC_DTYPES[dtype].itemsize != nbytes:
+        raise _fail(path, f"array {name!r}: {dtype}{shape} does not take {nbytes} bytes")
+    return Entry("array", version, dtype, tuple(shape), offset, nbytes, digest_int)
+
+
+def _decode_scalar(name: str, kind: object, value: Any, path: object) -> Any:
+    if kind == "complex" and isinstance(value, list) and len(value) == 2 and all(
+        isinstance(v, float) for v in value
+    ):
+        return complex(value[0], value[1])
+    ok = {
+        "none": value is None,
+        "bool": isinstance(value, bool),
+        "int": isinstance(value, int) and not isinstance(value, bool),
+        "float": isinstance(value, float),
+    }.get(kind if isinstance(kind, str) else "", False)
+    if not ok:
+        raise _fail(path, f"scalar {name!r} malformed")
+    return value
+
+
+def _check_blocks(entries: dict[str, Entry], data_start: int, size: int, path: object) -> None:
+    blocks = sorted((e.offset, e.nbytes, n) for n, e in entries.items() if e.has_block)
+    end = data_start
+    for offset, nbytes, name in blocks:
+        if offset < end or offset + nbytes > size:
+            raise _fail(path, f"block of {name!r} at {offset}+{nbytes} overlaps or leaves the arena")
+        end = offset + max(nbytes, 1)
+
+
+def scalar_ok(value: object) -> bool:
+    """Python values the shelf keeps in its metadata."""
+    if isinstance(value, np.generic):
+        return False
+    return value is None or isinstance(value, (bool, int, float, complex))

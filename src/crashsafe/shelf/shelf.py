@@ -1,0 +1,740 @@
+"""``Shelf``: named numpy arrays, scalars and strings in a memory-mapped arena file, changed in
+all-or-nothing transactions and recovered after a crash (PyMM's model, with the recovery PyMM lacks).
+
+Protocol of one transaction (numbered ``committed + 1``):
+
+1. at its first change a BEGIN record is written;
+2. before a committed block is overwritten in place, its bytes are copied to a free block, an undo
+   record is written, and both are flushed (undo log);
+3. new values of other shapes, new variables, and (``tx_mode="shadow"``) replacements go to fresh
+   blocks that the committed metadata does not reference (shadow copies);
+4. commit: checksum the changed blocks, flush them, write the new metadata into the spare of two
+   checksummed metadata slots, flush it. That write is the commit point.
+
+After a crash the newest valid slot wins and the undo records of an incomplete transaction copy the
+old bytes back; blocks it allocated were never referenced by committed metadata, so they are free.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import time
+import warnings
+import weakref
+from collections.abc import Callable, Iterable, Iterator, MutableMapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal
+
+import numpy as np
+import xxhash
+
+from crashsafe._torch import is_tensor
+from crashsafe.errors import UnsupportedStateError
+from crashsafe.shelf import recovery
+from crashsafe.shelf.alloc import Allocator
+from crashsafe.shelf.arena import Arena, Durability, parse_size
+from crashsafe.shelf.errors import CorruptShelfError, ShelfError, ShelfFullError, ShelfRecoveredWarning
+from crashsafe.shelf.layout import (
+    PAGE,
+    RECORD_BYTES,
+    Record,
+    Superblock,
+    decode_meta_slot,
+    encode_meta_slot,
+    new_superblock,
+)
+from crashsafe.shelf.meta import DTYPE_NAMES, NUMERIC_DTYPES, Entry, Meta, decode_meta, encode_meta, scalar_ok
+from crashsafe.storage import faults
+
+__all__ = ["RecoveryInfo", "Shelf", "Transaction", "TxMode", "VarInfo"]
+
+TxMode = Literal["undo", "shadow"]
+_ARMED = os.environ.get("CRASHSAFE_KILL_AT", "").startswith("shelf_")
+_Array = np.ndarray[Any, Any]
+
+
+@dataclass(frozen=True)
+class RecoveryInfo:
+    """What opening the shelf rolled back: the transaction number and the variables restored."""
+
+    seq: int
+    started: float
+    restored: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class VarInfo:
+    """Description of one variable (see :meth:`Shelf.info`)."""
+
+    name: str
+    kind: str
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+    version: int
+    offset: int
+
+
+@dataclass
+class _Tx:
+    seq: int
+    scope: frozenset[str] | None
+    began: bool = False
+    undo: dict[int, int] = field(default_factory=dict)  # committed block -> its saved copy
+    new_blocks: set[int] = field(default_factory=set)
+    freed: list[int] = field(default_factory=list)
+    dirty: set[str] = field(default_factory=set)
+    changed: set[str] = field(default_factory=set)
+
+
+class Transaction:
+    """Context manager of one transaction: commits on normal exit, rolls back on an exception."""
+
+    def __init__(self, shelf: Shelf, scope: frozenset[str] | None) -> None:
+        self._shelf = shelf
+        self._scope = scope
+        self._tx: _Tx | None = None
+
+    def __enter__(self) -> Transaction:
+        self._tx = self._shelf._begin(self._scope)
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._shelf._tx is not self._tx:
+            if exc is None:
+                raise ShelfError("the shelf was closed inside this transaction, which was rolled back; "
+                                 "nothing was committed")
+            return
+        if exc is None:
+            self._shelf._commit()
+        else:
+            self._shelf._abort(f"{type(exc).__name__}: {exc}")
+
+
+class Shelf(MutableMapping[str, Any]):
+    """A crash-consistent, memory-mapped store of named variables.
+
+    Args:
+        path: the arena file; created (with ``size``) if missing, reopened (and recovered) if not.
+        size: arena size in bytes or as ``"1GiB"``; required to create. A larger size given on
+            reopen grows the arena.
+        durability: ``"process"`` (no flushes; survives process crashes), ``"power"`` (msync at
+            every ordering point; survives power loss on disk) or ``"auto"`` (process on tmpfs).
+        tx_mode: how assigning to an existing array of the same shape and dtype works inside a
+            transaction: ``"shadow"`` writes a fresh block and switches to it at commit;
+            ``"undo"`` saves the old bytes to the undo log and writes in place (older views then
+            show the new value). In-place writes through views always use the undo log.
+        verify: check every variable's checksum when opening (cost: hashing the used bytes).
+
+    Values read back are arena-backed ndarrays: read-only outside transactions, writable inside a
+    transaction that covers them. ``str``/``bytes`` come back as copies, scalars as Python values.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        size: int | str | None = None,
+        *,
+        durability: Durability = "auto",
+        tx_mode: TxMode = "shadow",
+        verify: bool = True,
+    ) -> None:
+        if tx_mode not in ("undo", "shadow"):
+            raise ValueError(f"tx_mode must be 'undo' or 'shadow', got {tx_mode!r}")
+        if durability not in ("auto", "process", "power"):
+            raise ValueError(f"durability must be 'auto', 'process' or 'power', got {durability!r}")
+        self.path = Path(path)
+        self.tx_mode: TxMode = tx_mode
+        self.recovered: RecoveryInfo | None = None
+        self._tx: _Tx | None = None
+        self._work: dict[str, Entry] = {}
+        self._broken: str | None = None
+        self._views: dict[int, list[weakref.ref[_Array]]] = {}
+        self._pinned: set[int] = set()
+        wanted = parse_size(size) if size is not None else None
+        if not self.path.exists():
+            if wanted is None:
+                raise ShelfError(f"the shelf {self.path} does not exist; pass size= (e.g. '1GiB') to "
+                                 "create it")
+            self._create(wanted)
+        self._arena = Arena.open(self.path, durability)
+        try:
+            self._open(wanted, verify)
+        except BaseException:
+            self._release_buffers()
+            self._arena.close()
+            raise
+
+    # ------------------------------------------------------------------ opening and recovery
+
+    def _create(self, size: int) -> None:
+        sb = new_superblock(size)
+        if size < sb.data_start + PAGE:
+            raise ValueError(f"size {size} is too small for a shelf; use at least {sb.data_start + PAGE}")
+        meta = Meta(1, size, tx={"seq": 1, "time": time.time(), "changed": [], "deleted": []})
+        slot = encode_meta_slot(1, encode_meta(meta))
+        Arena.create(self.path, size, [(0, sb.pack()), (sb.slot(1), slot)])
+
+    def _open(self, wanted: int | None, verify: bool) -> None:
+        self._sb: Superblock = self._arena.read_superblock()
+        self._mv = memoryview(self._arena.mm)
+        self._u8 = np.frombuffer(self._mv, dtype=np.uint8)
+        self._meta = self._read_meta()
+        if self._arena.length < self._meta.size:
+            raise CorruptShelfError(f"{self.path} is shorter ({self._arena.length} bytes) than its "
+                                    f"arena ({self._meta.size}); the file was truncated. Restore it "
+                                    "from a copy.")
+        incomplete = recovery.scan(self._mv, self._sb, self._meta.seq)
+        if incomplete is not None:
+            self._recover(incomplete)
+        if verify:
+            self.verify()
+        if wanted is not None and wanted > self._meta.size:
+            self._grow(wanted)
+        self._alloc = Allocator(self._sb.data_start, self._meta.size)
+        for entry in self._meta.vars.values():
+            if entry.has_block:
+                self._alloc.mark(entry.offset, entry.nbytes)
+
+    def _read_meta(self) -> Meta:
+        found = []
+        for index in (0, 1):
+            start = self._sb.slot(index)
+            slot = decode_meta_slot(self._mv[start : start + self._sb.slot_size], self._sb.slot_size)
+            if slot is not None:
+                found.append(slot)
+        if not found:
+            raise CorruptShelfError(
+                f"{self.path}: both copies of the shelf's metadata fail their checksums; the file is "
+                "damaged. Restore it from a copy; crashsafe will not guess which bytes are valid."
+            )
+        seq, payload = max(found)
+        return decode_meta(payload, seq, self._sb.data_start, self.path)
+
+    def _recover(self, incomplete: recovery.Incomplete) -> None:
+        restored = recovery.restore(self._mv, self._meta, incomplete.undo, self._arena.flush, self.path)
+        note = {"tx": incomplete.seq, "reason": "crash", "time": time.time(), "restored": restored}
+        self._meta = replace(self._meta, seq=incomplete.seq, rollback=note)
+        self._write_meta(self._meta)
+        self.recovered = RecoveryInfo(incomplete.seq, incomplete.started, tuple(restored))
+        warnings.warn(
+            f"shelf {self.path}: transaction {incomplete.seq} was interrupted by a crash and has been "
+            f"rolled back ({len(restored)} variables restored in place); the shelf holds transaction "
+            f"{incomplete.seq - 1}'s state.",
+            ShelfRecoveredWarning,
+            stacklevel=4,
+        )
+
+    def _grow(self, size: int) -> None:
+        self._release_buffers()
+        self._arena.grow(size)
+        self._mv = memoryview(self._arena.mm)
+        self._u8 = np.frombuffer(self._mv, dtype=np.uint8)
+        self._meta = replace(self._meta, seq=self._meta.seq + 1, size=size)
+        self._write_meta(self._meta)
+
+    def verify(self) -> None:
+        """Check every variable's bytes against its committed checksum; raise on any mismatch."""
+        self._check_open()
+        if self._tx is not None:
+            raise ShelfError("verify() checks committed data; call it outside a transaction")
+        bad = [name for name, e in self._meta.vars.items()
+               if e.has_block and self._digest(e.offset, e.nbytes) != e.digest]
+        if bad:
+            raise CorruptShelfError(
+                f"{self.path}: {len(bad)} variable(s) do not match their committed checksums: "
+                f"{', '.join(map(repr, bad[:10]))}. Either the file is damaged or they were written "
+                "outside a transaction (through a view kept from an earlier transaction). Restore "
+                "the file from a copy, or reassign those variables."
+            )
+
+    # ------------------------------------------------------------------ mapping interface
+
+    def __getitem__(self, name: str) -> Any:
+        self._check_open()
+        entry = self._tx_vars()[name]
+        if entry.kind == "scalar":
+            return entry.value
+        if entry.kind == "bytes":
+            return bytes(self._mv[entry.offset : entry.offset + entry.nbytes])
+        if entry.kind == "str":
+            return bytes(self._mv[entry.offset : entry.offset + entry.nbytes]).decode()
+        return self._view(name, entry)
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        self._check_open()
+        if not isinstance(name, str) or not name:
+            raise UnsupportedStateError(f"shelf variable names are non-empty strings, got {name!r}")
+        kind, data = _coerce(name, value)
+        self._change(lambda tx: self._set(tx, name, kind, data))
+
+    def _set(self, tx: _Tx, name: str, kind: str, data: Any) -> None:
+        work = self._work
+        old = work.get(name)
+        if kind == "scalar":
+            work[name] = Entry("scalar", old.version if old else 0, value=data)
+            if old is not None and old.has_block:
+                self._drop_block(tx, old)
+        elif (kind == "array" and old is not None and old.kind == "array" and self.tx_mode == "undo"
+              and old.dtype == DTYPE_NAMES[data.dtype] and old.shape == data.shape):
+            self._protect(tx, name, old)
+            _copy(self._typed(old), data)
+        else:
+            self._put_block(tx, name, kind, data, old)
+        tx.dirty.add(name)
+        tx.changed.add(name)
+
+    def __delitem__(self, name: str) -> None:
+        self._check_open()
+        if name not in self._tx_vars():
+            raise KeyError(name)
+        self._change(lambda tx: self._delete(tx, name))
+
+    def _delete(self, tx: _Tx, name: str) -> None:
+        entry = self._work.pop(name)
+        if entry.has_block:
+            self._drop_block(tx, entry)
+        tx.dirty.discard(name)
+        tx.changed.add(name)
+
+    def __iter__(self) -> Iterator[str]:
+        self._check_open()
+        return iter(list(self._tx_vars()))
+
+    def __len__(self) -> int:
+        self._check_open()
+        return len(self._tx_vars())
+
+    def __contains__(self, name: object) -> bool:
+        self._check_open()
+        return name in self._tx_vars()
+
+    def resize(self, name: str, shape: int | Iterable[int]) -> None:
+        """Give array ``name`` a new shape; its leading bytes are kept, new elements are zero."""
+        self._check_open()
+        new_shape = (shape,) if isinstance(shape, int) else tuple(int(s) for s in shape)
+        if self._tx_vars()[name].kind != "array":
+            raise ShelfError(f"resize works on arrays; {name!r} is a {self._tx_vars()[name].kind}")
+        old = self._tx_vars()[name]
+        fresh = np.zeros(new_shape, dtype=NUMERIC_DTYPES[old.dtype])
+        keep = min(fresh.size, int(np.prod(old.shape, dtype=np.int64)))
+        fresh.reshape(-1)[:keep] = self._typed(old).reshape(-1)[:keep]
+        self._change(lambda tx: self._set(tx, name, "array", fresh))
+
+    # ------------------------------------------------------------------ information
+
+    def info(self, name: str) -> VarInfo:
+        """Kind, dtype, shape, size in bytes, version and block offset of variable ``name``."""
+        self._check_open()
+        e = self._tx_vars()[name]
+        return VarInfo(name, e.kind, e.dtype, e.shape, e.nbytes, e.version, e.offset)
+
+    @property
+    def seq(self) -> int:
+        """Number of the newest committed metadata (every commit or rollback increments it)."""
+        return self._meta.seq
+
+    @property
+    def last_transaction(self) -> dict[str, Any]:
+        """``{"seq", "time", "changed", "deleted"}`` of the newest committed transaction."""
+        return dict(self._meta.tx)
+
+    @property
+    def size(self) -> int:
+        return self._meta.size
+
+    @property
+    def used(self) -> int:
+        """Bytes of the arena's data region in use (including undo copies of an open transaction)."""
+        return self._alloc.used
+
+    @property
+    def durability(self) -> str:
+        return self._arena.durability
+
+    @property
+    def map_sync(self) -> bool:
+        """True when the file is mapped with MAP_SYNC (a DAX filesystem)."""
+        return self._arena.map_sync
+
+    @property
+    def in_transaction(self) -> bool:
+        return self._tx is not None
+
+    # ------------------------------------------------------------------ transactions
+
+    def transaction(self, *names: str | Iterable[str]) -> Transaction:
+        """All changes inside ``with shelf.transaction(...)`` commit together or not at all.
+
+        With ``names``, only those arrays may be written in place through views (their old bytes
+        are saved to the undo log now; views of other arrays stay read-only). Without names,
+        every array you hold a view of, or fetch inside the block, is saved. Assignments,
+        deletions and resizes through the shelf are always covered. Transactions do not nest.
+        """
+        scope: set[str] = set()
+        for item in names:
+            scope.update([item] if isinstance(item, str) else item)
+        return Transaction(self, frozenset(scope) if names else None)
+
+    def _begin(self, scope: frozenset[str] | None) -> _Tx:
+        self._check_open()
+        if self._tx is not None:
+            raise ShelfError("a transaction is already open on this shelf; transactions do not nest: "
+                             "do the work inside the open one")
+        if self._pinned:
+            self._sweep_pins()
+        tx = self._tx = _Tx(self._meta.seq + 1, scope)
+        self._work = dict(self._meta.vars)
+        try:
+            if scope is not None:
+                for name in sorted(scope):
+                    entry = self._work.get(name)
+                    if entry is None or entry.kind != "array":
+                        raise ShelfError(f"transaction({name!r}): no array named {name!r} on the shelf; "
+                                         "create it first or leave it out of the list")
+                    self._protect(tx, name, entry)
+            else:
+                for name, entry in self._work.items():
+                    if entry.kind == "array" and self._live_views(entry.offset):
+                        self._protect(tx, name, entry)
+        except BaseException as exc:
+            self._abort(f"{type(exc).__name__}: {exc}")
+            raise
+        return tx
+
+    def _commit(self) -> None:
+        tx = self._tx
+        assert tx is not None
+        if not tx.began:
+            self._end()
+            return
+        meta, work = self._meta, self._work
+        try:
+            changed, deleted = [], []
+            for name in tx.dirty | tx.changed:
+                old, entry = meta.vars.get(name), work.get(name)
+                if entry is None:
+                    if old is not None:
+                        deleted.append(name)
+                    continue
+                if entry.has_block:
+                    entry = entry._replace(digest=self._digest(entry.offset, entry.nbytes))
+                    self._arena.flush(entry.offset, entry.nbytes)
+                work[name] = entry = _versioned(old, entry)
+                if old is None or entry.version != old.version:
+                    changed.append(name)
+            faults.reached("shelf_before_meta")
+            info = {"seq": tx.seq, "time": time.time(), "changed": sorted(changed),
+                    "deleted": sorted(deleted)}
+            committed = Meta(tx.seq, meta.size, work, info, meta.rollback)
+            self._write_meta(committed)
+        except BaseException as exc:
+            self._abort(f"commit failed: {type(exc).__name__}: {exc}")
+            raise
+        faults.reached("shelf_after_meta")
+        self._meta = committed
+        for offset in [*tx.undo.values(), *tx.freed]:
+            self._release(offset)
+        self._end()
+
+    def _abort(self, reason: str) -> None:
+        """Undo an open transaction in this process (after an exception inside it)."""
+        tx = self._tx
+        if tx is None:
+            return
+        try:
+            if tx.began:
+                undo = tuple(Record(Record.UNDO, tx.seq, t, self._meta_size_of(t), s)
+                             for t, s in tx.undo.items())
+                restored = recovery.restore(self._mv, self._meta, undo, self._arena.flush, self.path)
+                note = {"tx": tx.seq, "reason": reason[:500], "time": time.time(), "restored": restored}
+                self._write_meta(replace(self._meta, seq=tx.seq, rollback=note))
+                self._meta = replace(self._meta, seq=tx.seq, rollback=note)
+        except BaseException as exc:
+            self._broken = f"rolling back transaction {tx.seq} failed ({type(exc).__name__}: {exc})"
+            self._end()
+            raise
+        for offset in [*tx.undo.values(), *tx.new_blocks]:
+            self._release(offset)
+        self._end()
+
+    def _end(self) -> None:
+        self._tx = None
+        self._work = self._meta.vars
+        for refs in self._views.values():
+            for ref in refs:
+                view = ref()
+                if view is not None:
+                    view.flags.writeable = False
+
+    def _change(self, operation: Callable[[_Tx], None]) -> None:
+        """Run a change in the open transaction, or in a transaction of its own."""
+        if self._tx is not None:
+            self._mark_begun(self._tx)
+            operation(self._tx)
+            return
+        with Transaction(self, frozenset()) as transaction:  # covers only what goes through the shelf
+            assert transaction._tx is not None
+            self._mark_begun(transaction._tx)
+            operation(transaction._tx)
+
+    def _mark_begun(self, tx: _Tx) -> None:
+        if not tx.began:
+            self._write_record(0, Record(Record.BEGIN, tx.seq, time=time.time()), flush=False)
+            tx.began = True
+            faults.reached("shelf_after_begin")
+
+    def _protect(self, tx: _Tx, name: str, entry: Entry) -> None:
+        """Make ``entry``'s block safe to overwrite in place: save its committed bytes first."""
+        if entry.offset in tx.undo or entry.offset in tx.new_blocks:
+            return
+        self._mark_begun(tx)
+        index = len(tx.undo) + 1
+        if index >= self._sb.record_size // RECORD_BYTES:
+            raise ShelfError(f"a transaction can change at most {index - 1} committed variables in place; "
+                             "split it, or assign new values instead of writing in place")
+        saved = self._alloc_block(entry.nbytes, f"the undo copy of {name!r}")
+        tx.undo[entry.offset] = saved
+        self._u8[saved : saved + entry.nbytes] = self._u8[entry.offset : entry.offset + entry.nbytes]
+        self._arena.flush(saved, entry.nbytes)
+        self._write_record(index, Record(Record.UNDO, tx.seq, entry.offset, entry.nbytes, saved),
+                           flush=True)
+        faults.reached("shelf_after_undo")
+        tx.dirty.add(name)
+        for ref in self._views.get(entry.offset, ()):
+            view = ref()
+            if view is not None and self._writable(name, entry):
+                view.flags.writeable = True
+
+    def _put_block(self, tx: _Tx, name: str, kind: str, data: Any, old: Entry | None) -> None:
+        """Write ``data`` into a fresh block and point ``name`` at it (a shadow copy)."""
+        nbytes = int(data.nbytes) if kind == "array" else len(data)
+        offset = self._alloc_block(nbytes, f"{name!r} ({nbytes} bytes)")
+        tx.new_blocks.add(offset)
+        if kind == "array":
+            version = old.version if old else 0
+            entry = Entry("array", version, DTYPE_NAMES[data.dtype], tuple(data.shape), offset, nbytes)
+            _copy(self._typed(entry), data)
+        else:
+            entry = Entry(kind, old.version if old else 0, offset=offset, nbytes=nbytes)  # type: ignore[arg-type]
+            self._mv[offset : offset + nbytes] = data
+        self._work[name] = entry
+        if old is not None and old.has_block:
+            self._drop_block(tx, old)
+
+    def _drop_block(self, tx: _Tx, entry: Entry) -> None:
+        self._set_views_readonly(entry.offset)
+        if entry.offset in tx.new_blocks:
+            tx.new_blocks.discard(entry.offset)
+            self._release(entry.offset)
+        else:
+            tx.freed.append(entry.offset)
+
+    def _write_record(self, index: int, record: Record, flush: bool) -> None:
+        at = self._sb.record_off + index * RECORD_BYTES
+        self._mv[at : at + RECORD_BYTES] = record.pack()
+        if flush:
+            self._arena.flush(self._sb.record_off, at + RECORD_BYTES - self._sb.record_off)
+
+    def _write_meta(self, meta: Meta) -> None:
+        """Write ``meta`` into slot ``seq % 2`` (never the newest valid one) and flush: the commit."""
+        blob = encode_meta_slot(meta.seq, encode_meta(meta))
+        if len(blob) > self._sb.slot_size:
+            raise ShelfFullError(
+                f"the shelf's metadata ({len(blob)} bytes) no longer fits its slot "
+                f"({self._sb.slot_size} bytes): too many variables. Delete some, or keep them in a "
+                "new shelf created with a larger size (slots grow with the size)."
+            )
+        start = self._sb.slot(meta.seq % 2)
+        if _ARMED:
+            half = len(blob) // 2
+            self._mv[start : start + half] = blob[:half]
+            faults.reached("shelf_mid_meta")
+            self._mv[start + half : start + len(blob)] = blob[half:]
+        else:
+            self._mv[start : start + len(blob)] = blob
+        self._arena.flush(start, len(blob))
+
+    # ------------------------------------------------------------------ blocks and views
+
+    def _alloc_block(self, nbytes: int, what: str) -> int:
+        offset = self._alloc.alloc(nbytes)
+        if offset is None:
+            self._sweep_pins()
+            offset = self._alloc.alloc(nbytes)
+        if offset is None:
+            raise ShelfFullError(
+                f"the shelf {self.path} is full: no free block for {what} (largest free block "
+                f"{self._alloc.largest_gap()} of {self._meta.size - self._sb.data_start} bytes). The "
+                "transaction is rolled back and the shelf's data is intact. Delete variables, or "
+                "reopen with a larger size= to grow the arena."
+            )
+        return offset
+
+    def _release(self, offset: int) -> None:
+        """Free a block now, or once the views still pointing into it are gone."""
+        if self._live_views(offset):
+            self._pinned.add(offset)
+        else:
+            self._views.pop(offset, None)
+            self._alloc.release(offset)
+
+    def _sweep_pins(self) -> None:
+        for offset in list(self._pinned):
+            if not self._live_views(offset):
+                self._pinned.discard(offset)
+                self._views.pop(offset, None)
+                self._alloc.release(offset)
+
+    def _live_views(self, offset: int) -> bool:
+        refs = self._views.get(offset)
+        if not refs:
+            return False
+        refs[:] = [r for r in refs if r() is not None]
+        return bool(refs)
+
+    def _set_views_readonly(self, offset: int) -> None:
+        for ref in self._views.get(offset, ()):
+            view = ref()
+            if view is not None:
+                view.flags.writeable = False
+
+    def _typed(self, entry: Entry) -> _Array:
+        return np.ndarray(entry.shape, NUMERIC_DTYPES[entry.dtype], buffer=self._mv, offset=entry.offset)
+
+    def _view(self, name: str, entry: Entry) -> _Array:
+        tx = self._tx
+        if tx is not None and tx.scope is None and entry.offset not in tx.new_blocks:
+            self._protect(tx, name, entry)
+        refs = self._views.setdefault(entry.offset, [])
+        view = next((v for r in refs if (v := r()) is not None and v.shape == entry.shape), None)
+        if view is None:
+            # numpy keeps no buffer export of its own; a ctypes array does, so the mapping
+            # outlives every view (and derived view) handed out
+            owner = (ctypes.c_char * entry.nbytes).from_buffer(self._arena.mm, entry.offset)
+            view = np.ndarray(entry.shape, NUMERIC_DTYPES[entry.dtype], buffer=owner)
+            refs.append(weakref.ref(view))
+        view.flags.writeable = self._writable(name, entry)
+        return view
+
+    def _writable(self, name: str, entry: Entry) -> bool:
+        tx = self._tx
+        if tx is None:
+            return False
+        if entry.offset in tx.new_blocks:
+            return True
+        return entry.offset in tx.undo and (tx.scope is None or name in tx.scope)
+
+    def _digest(self, offset: int, nbytes: int) -> int:
+        return xxhash.xxh3_64_intdigest(self._mv[offset : offset + nbytes])
+
+    def _meta_size_of(self, offset: int) -> int:
+        return next(e.nbytes for e in self._meta.vars.values() if e.has_block and e.offset == offset)
+
+    def _tx_vars(self) -> dict[str, Entry]:
+        return self._work if self._tx is not None else self._meta.vars
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def _check_open(self) -> None:
+        if self._arena.closed:
+            raise ShelfError(f"the shelf {self.path} is closed; open it again with Shelf(path)")
+        if self._broken is not None:
+            raise ShelfError(f"the shelf {self.path} is unusable: {self._broken}. Close it and open it "
+                             "again: opening recovers the last committed state")
+
+    def _release_buffers(self) -> None:
+        for refs in self._views.values():
+            for ref in refs:
+                view = ref()
+                if view is not None:
+                    view.flags.writeable = False
+        with contextlib.suppress(AttributeError):
+            del self._u8
+        with contextlib.suppress(AttributeError, BufferError):
+            self._mv.release()
+
+    def close(self) -> None:
+        """Close the shelf (an open transaction is rolled back). Views stay readable until dropped."""
+        if self._arena.closed:
+            return
+        if self._tx is not None:
+            self._abort("the shelf was closed inside a transaction")
+        self._release_buffers()
+        self._arena.close()
+
+    def __enter__(self) -> Shelf:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._arena.closed else f"{len(self._tx_vars())} variables, seq {self.seq}"
+        return f"Shelf({str(self.path)!r}, {state})"
+
+
+def _versioned(old: Entry | None, new: Entry) -> Entry:
+    """``new`` with its version: 1 if new, unchanged if the content is, else old + 1."""
+    if old is None:
+        return new._replace(version=1)
+    same = (old.kind == new.kind and old.dtype == new.dtype and old.shape == new.shape
+            and old.digest == new.digest and old.nbytes == new.nbytes
+            and (old.kind != "scalar" or _same_scalar(old.value, new.value)))
+    return new._replace(version=old.version if same else old.version + 1)
+
+
+def _same_scalar(a: Any, b: Any) -> bool:
+    return type(a) is type(b) and (a == b or (a != a and b != b))
+
+
+def _copy(dst: _Array, src: _Array) -> None:
+    if _ARMED and dst.size > 1:
+        flat_dst, flat_src = dst.reshape(-1), np.ascontiguousarray(src).reshape(-1)
+        half = flat_dst.size // 2
+        np.copyto(flat_dst[:half], flat_src[:half], casting="equiv")
+        faults.reached("shelf_mid_write")
+        np.copyto(flat_dst[half:], flat_src[half:], casting="equiv")
+    else:
+        np.copyto(dst, src, casting="equiv")
+
+
+def _coerce(name: str, value: Any) -> tuple[str, Any]:
+    """(kind, data): arrays as ndarrays of a numeric dtype, str/bytes as bytes, scalars as is."""
+    if scalar_ok(value):
+        return "scalar", value
+    if isinstance(value, str):
+        return "str", value.encode()
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return "bytes", bytes(value)
+    if is_tensor(value):
+        value = value.detach().cpu()
+        try:
+            value = value.numpy()
+        except TypeError as exc:
+            raise UnsupportedStateError(f"shelf[{name!r}]: torch dtype {value.dtype} has no numpy "
+                                        f"equivalent ({exc}); convert it first") from None
+    if isinstance(value, np.ndarray) and value.dtype in DTYPE_NAMES:
+        return "array", value
+    if isinstance(value, np.generic):
+        value = np.asarray(value)
+    if not isinstance(value, np.ndarray):
+        raise UnsupportedStateError(
+            f"shelf[{name!r}]: cannot store a {type(value).__name__}; a shelf holds numpy arrays (or "
+            "torch tensors), bool/int/float/complex/None, str and bytes"
+        )
+    native = value.dtype.newbyteorder("=")
+    if native.name not in NUMERIC_DTYPES or NUMERIC_DTYPES[native.name] != native:
+        raise UnsupportedStateError(
+            f"shelf[{name!r}]: dtype {value.dtype} is not numeric; a shelf holds bool, int, uint, float "
+            "and complex arrays"
+        )
+    return "array", value if value.dtype == native else value.astype(native)

@@ -1,0 +1,271 @@
+"""The shelf's mapping API: values of every supported type survive reopening, transactions are
+all-or-nothing in-process, views are guarded, space is reused, and bad input is refused clearly."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import crashsafe as cs
+from crashsafe.errors import UnsupportedStateError
+from crashsafe.shelf import Shelf, ShelfError, ShelfFullError
+from crashsafe.shelf.meta import NUMERIC_DTYPES
+
+MODES = ["undo", "shadow"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_every_value_type_round_trips_through_reopen(any_dir: Path, mode: str) -> None:
+    path = any_dir / "s.shelf"
+    rng = np.random.default_rng(0)
+    arrays = {f"a_{name}": (rng.standard_normal((3, 5)) * 100).astype(dt)
+              for name, dt in NUMERIC_DTYPES.items()}
+    scalars = {"t": True, "f": False, "i": -(1 << 70), "x": 0.1, "nan": math.nan, "inf": -math.inf,
+               "c": complex(1.5, -2.0), "none": None}
+    others = {"s": "héllo ✓", "empty_s": "", "b": b"\x00\xff" * 100, "empty_b": b"",
+              "zero_d": np.float32(3.5), "empty_a": np.zeros((0, 4), np.int16),
+              "big_endian": np.arange(6, dtype=">i4").reshape(2, 3),
+              "strided": np.arange(20.0)[::3]}
+    with Shelf(path, size="4MiB", tx_mode=mode) as shelf, shelf.transaction():
+        for name, value in {**arrays, **scalars, **others}.items():
+            shelf[name] = value
+    with Shelf(path) as shelf:
+        assert shelf.recovered is None
+        for name, value in arrays.items():
+            got = shelf[name]
+            assert got.dtype == value.dtype and got.shape == value.shape
+            assert got.tobytes() == value.tobytes()
+        for name, value in scalars.items():
+            got = shelf[name]
+            assert type(got) is type(value)
+            assert got == value or (got != got and value != value)
+        assert shelf["s"] == "héllo ✓" and shelf["empty_s"] == ""
+        assert shelf["b"] == b"\x00\xff" * 100 and shelf["empty_b"] == b""
+        assert shelf["zero_d"].shape == () and shelf["zero_d"].dtype == np.float32 and shelf["zero_d"] == 3.5
+        assert shelf["empty_a"].shape == (0, 4)
+        assert shelf["big_endian"].dtype == np.dtype("<i4")
+        assert np.array_equal(shelf["big_endian"], np.arange(6).reshape(2, 3))
+        assert np.array_equal(shelf["strided"], np.arange(20.0)[::3])
+        assert sorted(shelf) == sorted({**arrays, **scalars, **others})
+        assert len(shelf) == len(arrays) + len(scalars) + len(others)
+
+
+def test_views_are_arena_backed_and_read_only_outside_transactions(shm_dir: Path) -> None:
+    with Shelf(shm_dir / "s", size="1MiB") as shelf:
+        shelf["centers"] = np.zeros((4, 3))
+        centers = shelf["centers"]
+        assert shelf["centers"] is centers  # one live view per variable
+        with pytest.raises(ValueError, match="read-only"):
+            centers[0, 0] = 1.0
+        with shelf.transaction():  # the issue's example: a view taken before the transaction
+            centers[:] = 7.0
+            shelf["iteration"] = 3
+        assert not centers.flags.writeable
+    with Shelf(shm_dir / "s") as shelf:
+        assert np.all(shelf["centers"] == 7.0) and shelf["iteration"] == 3
+        assert shelf.info("centers").version == 2  # created, then changed in place
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_exception_rolls_back_every_kind_of_change(shm_dir: Path, mode: str) -> None:
+    path = shm_dir / "s"
+    with Shelf(path, size="1MiB", tx_mode=mode) as shelf:
+        shelf.update({"a": np.arange(10.0), "b": np.ones((2, 2), np.int32), "n": 1, "s": "old"})
+        a = shelf["a"]
+        before = {name: shelf.info(name) for name in shelf}
+        used = shelf.used
+        with pytest.raises(RuntimeError, match="boom"), shelf.transaction():
+            a *= 2  # in place through a view
+            shelf["b"] = np.full((2, 2), 9, np.int32)  # same shape: undo log or shadow copy
+            shelf["n"] = 2
+            shelf["s"] = "new"
+            shelf["new"] = np.zeros(1000)
+            del shelf["n"]
+            shelf.resize("a", 20)
+            raise RuntimeError("boom")
+        assert np.array_equal(shelf["a"], np.arange(10.0))
+        assert np.array_equal(a, np.arange(10.0))
+        assert np.array_equal(shelf["b"], np.ones((2, 2)))
+        assert shelf["n"] == 1 and shelf["s"] == "old" and "new" not in shelf
+        assert {name: shelf.info(name) for name in shelf} == before
+        assert shelf.used == used  # blocks of the aborted transaction are free again
+    with Shelf(path) as shelf:
+        assert shelf.recovered is None  # rolled back in-process, nothing left to recover
+        assert np.array_equal(shelf["a"], np.arange(10.0)) and shelf["n"] == 1
+
+
+def test_commit_bumps_versions_only_of_changed_content(shm_dir: Path) -> None:
+    with Shelf(shm_dir / "s", size="1MiB") as shelf:
+        shelf.update({"x": np.zeros(3), "y": np.zeros(3), "k": 5})
+        with shelf.transaction():
+            shelf["x"] = np.ones(3)
+            shelf["y"] = np.zeros(3)  # same content
+            shelf["k"] = 5
+            del shelf["k"]
+            shelf["k2"] = "v"
+        assert shelf.info("x").version == 2 and shelf.info("y").version == 1
+        last = shelf.last_transaction
+        assert last["changed"] == ["k2", "x"] and last["deleted"] == ["k"]
+        assert last["seq"] == shelf.seq
+
+
+def test_scoped_transaction_keeps_other_views_read_only(shm_dir: Path) -> None:
+    with Shelf(shm_dir / "s", size="1MiB") as shelf:
+        shelf.update({"data": np.arange(100.0), "centers": np.zeros(4)})
+        data, centers = shelf["data"], shelf["centers"]
+        with shelf.transaction("centers"):
+            centers[:] = data[:4]
+            with pytest.raises(ValueError, match="read-only"):
+                data[0] = -1
+            assert not shelf["data"].flags.writeable  # fetched inside: still not covered
+        assert np.array_equal(centers, np.arange(4.0))
+        with pytest.raises(ShelfError, match="no array named 'nope'"), shelf.transaction("nope"):
+            pass
+        with pytest.raises(ShelfError, match="do not nest"), shelf.transaction(), shelf.transaction():
+            pass
+
+
+def test_in_place_write_through_a_view_fetched_inside_an_unscoped_transaction(shm_dir: Path) -> None:
+    path = shm_dir / "s"
+    with Shelf(path, size="1MiB") as shelf:
+        shelf["w"] = np.zeros(8)
+        with pytest.raises(KeyError), shelf.transaction():
+            shelf["w"][:] = 5  # fetched inside: saved to the undo log first
+            shelf["missing"]
+        assert np.all(shelf["w"] == 0)
+        with shelf.transaction():
+            shelf["w"][2:] = 1
+        assert shelf["w"].tolist() == [0, 0, 1, 1, 1, 1, 1, 1]
+
+
+def test_resize_replace_delete_and_space_reuse(shm_dir: Path) -> None:
+    with Shelf(shm_dir / "s", size="1MiB", tx_mode="shadow") as shelf:
+        shelf["v"] = np.arange(6, dtype=np.int64)
+        shelf.resize("v", (3, 3))
+        assert shelf["v"].tolist() == [[0, 1, 2], [3, 4, 5], [0, 0, 0]]
+        shelf.resize("v", 2)
+        assert shelf["v"].tolist() == [0, 1]
+        shelf["v"] = "now a string"
+        assert shelf["v"] == "now a string"
+        with pytest.raises(ShelfError, match="resize works on arrays"):
+            shelf.resize("v", 3)
+        del shelf["v"]
+        assert "v" not in shelf and shelf.used == 0
+        with pytest.raises(KeyError):
+            del shelf["v"]
+        for i in range(200):  # replacing 100 KiB over and over must reuse freed blocks
+            shelf["big"] = np.full(100_000 // 8, i, np.float64)
+        assert shelf.used < 2 * 100_096
+
+
+def test_old_view_keeps_its_block_until_dropped(shm_dir: Path) -> None:
+    with Shelf(shm_dir / "s", size="1MiB", tx_mode="shadow") as shelf:
+        shelf["x"] = np.full(1000, 1.0)
+        old = shelf["x"]
+        shelf["x"] = np.full(1000, 2.0)  # a shadow copy: `old` still shows the old value
+        for i in range(20):
+            shelf[f"filler{i}"] = np.full(1000, -1.0)  # must not land on `old`'s block
+        assert np.all(old == 1.0) and np.all(shelf["x"] == 2.0)
+        used = shelf.used
+        del old
+        shelf["more"] = np.zeros(1000)  # the pinned block is reused now
+        assert shelf.used == used
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_full_arena_is_a_clear_error_and_data_stays_intact(shm_dir: Path, mode: str) -> None:
+    path = shm_dir / "s"
+    with Shelf(path, size="1MiB", tx_mode=mode) as shelf:
+        free = shelf.size - shelf._sb.data_start
+        shelf["keep"] = np.arange(1000.0)
+        with pytest.raises(ShelfFullError, match="is full") as info:
+            shelf["huge"] = np.zeros(free // 8)
+        assert isinstance(info.value, cs.errors.CrashsafeError) and "larger size=" in str(info.value)
+        big = np.zeros((free // 3) // 8)
+        with pytest.raises(ShelfFullError), shelf.transaction():
+            shelf["keep"] = np.full(1000, -1.0)
+            shelf["b1"] = big
+            shelf["b2"] = big
+            shelf["b3"] = big
+        assert np.array_equal(shelf["keep"], np.arange(1000.0)) and list(shelf) == ["keep"]
+    with Shelf(path, size="4MiB") as shelf:  # growing on reopen
+        assert shelf.size == 4 * 2**20
+        shelf["huge"] = np.zeros(free // 8)
+        assert np.array_equal(shelf["keep"], np.arange(1000.0))
+
+
+def test_too_many_variables_for_the_metadata_slot(shm_dir: Path) -> None:
+    shelf = Shelf(shm_dir / "s", size="1MiB")
+    with shelf, pytest.raises(ShelfFullError, match="metadata"), shelf.transaction():
+        for i in range(5000):
+            shelf[f"variable_with_a_long_name_{i:05d}"] = i
+    with Shelf(shm_dir / "s") as shelf:
+        assert len(shelf) == 0
+
+
+def test_bad_values_and_names_are_refused(shm_dir: Path) -> None:
+    with Shelf(shm_dir / "s", size="1MiB") as shelf:
+        with pytest.raises(UnsupportedStateError, match="cannot store a list"):
+            shelf["x"] = [1, 2]
+        with pytest.raises(UnsupportedStateError, match="not numeric"):
+            shelf["x"] = np.array(["a", "b"])
+        with pytest.raises(UnsupportedStateError, match="not numeric"):
+            shelf["x"] = np.array([object()])
+        with pytest.raises(UnsupportedStateError, match="non-empty strings"):
+            shelf[""] = 1
+        assert len(shelf) == 0 and shelf.seq == 1  # refused before any transaction began
+
+
+def test_torch_tensors_in_and_zero_copy_out(shm_dir: Path) -> None:
+    torch = pytest.importorskip("torch")
+    with Shelf(shm_dir / "s", size="1MiB") as shelf:
+        shelf["t"] = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+        with shelf.transaction("t"):
+            tensor = torch.from_numpy(shelf["t"])  # shares the arena's memory
+            tensor.mul_(10)
+        assert shelf["t"].tolist() == [[0, 10, 20], [30, 40, 50]]
+
+
+def test_lifecycle_errors(shm_dir: Path) -> None:
+    path = shm_dir / "s"
+    with pytest.raises(ShelfError, match="pass size="):
+        Shelf(path)
+    with pytest.raises(ValueError, match="not a size"):
+        Shelf(path, size="lots")
+    with pytest.raises(ValueError, match="too small"):
+        Shelf(path, size=4096)
+    shelf = Shelf(path, size="1MiB")
+    with pytest.raises(cs.LockedError, match="open in another process"):
+        Shelf(path)
+    shelf["x"] = np.ones(3)
+    view = shelf["x"]
+    with pytest.raises(ShelfError, match="closed inside this transaction"), shelf.transaction():
+        shelf["x"] = np.zeros(3)
+        shelf.close()  # closing inside a transaction rolls it back
+    with pytest.raises(ShelfError, match="is closed"):
+        shelf["x"]
+    assert np.all(view == 1)  # the mapping lives on while a view does
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with Shelf(path) as again:
+            assert np.all(again["x"] == 1)
+
+
+def test_power_durability_on_disk(tmp_path: Path) -> None:
+    path = tmp_path / "s"
+    with Shelf(path, size="2MiB", durability="auto") as shelf:
+        assert shelf.durability == "power"
+        shelf["x"] = np.arange(1000.0)
+        with shelf.transaction("x"):
+            shelf["x"][:] += 1
+    with Shelf(path) as shelf:
+        assert np.array_equal(shelf["x"], np.arange(1000.0) + 1)
+
+
+def test_auto_durability_on_tmpfs(shm_dir: Path) -> None:
+    with Shelf(shm_dir / "s", size="1MiB") as shelf:
+        assert shelf.durability == "process" and not shelf.map_sync
