@@ -40,7 +40,7 @@ from crashsafe.format.dtypes import FLOAT_DTYPES
 from crashsafe.format.manifest import Manifest, PayloadEntry
 from crashsafe.policies.base import EverySteps, SaveContext, SavePolicy
 from crashsafe.policies.retention import steps_to_delete, validate_retention
-from crashsafe.state.rebuild import apply_into, to_value, unflatten
+from crashsafe.state.rebuild import apply_into, check_into, to_value, unflatten
 from crashsafe.state.staging import StagingPool, view_bytes
 from crashsafe.state.tree import ArrayLeaf, flatten
 from crashsafe.storage.layout import committed_steps, leftovers
@@ -337,6 +337,7 @@ class CheckpointManager:
         if step is None and not self.steps():
             return None
         found, saved = self._load(step, numpy=False)
+        check_into(state, saved)  # a mismatch raises before anything live is changed
         apply_into(state, saved)
         return found
 

@@ -219,3 +219,17 @@ def test_property_any_supported_tree_round_trips(tmp_path_factory: Any, tree: An
     with cs.CheckpointManager(directory, async_save=True) as mgr:
         mgr.save(0, {"root": tree})
         assert _equal(mgr.load()["root"], tree)
+
+
+def test_mismatched_restore_changes_nothing(tmp_path: Any) -> None:
+    """A checkpoint of another architecture is refused before any live tensor is touched."""
+    small = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
+    with cs.CheckpointManager(tmp_path) as mgr:
+        mgr.save(1, {"model": small, "w": torch.ones(3), "step": 1})
+        other = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 3))  # last layer differs
+        live = {"model": other, "w": torch.zeros(3), "step": 0}
+        before = [p.detach().clone() for p in other.parameters()]
+        with pytest.raises(cs.UnsupportedStateError, match=r"model\.1\.weight.*shape"):
+            mgr.restore(live)
+    assert all(torch.equal(a, b) for a, b in zip(before, other.parameters(), strict=True))
+    assert torch.equal(live["w"], torch.zeros(3)) and live["step"] == 0

@@ -11,7 +11,7 @@ from crashsafe._torch import is_tensor
 from crashsafe.errors import UnsupportedStateError
 from crashsafe.state.tree import format_path, is_stateful
 
-__all__ = ["apply_into", "to_value", "unflatten"]
+__all__ = ["apply_into", "check_into", "to_value", "unflatten"]
 
 
 def unflatten(tree: dict[str, Any], values: Sequence[Any]) -> Any:
@@ -84,6 +84,51 @@ def apply_into(target: Any, saved: Any, parts: tuple[str | int, ...] = ()) -> An
         target[:] = items
         return target
     return saved
+
+
+def check_into(target: Any, saved: Any, parts: tuple[str | int, ...] = (), lenient: bool = False) -> None:
+    """Raise what :func:`apply_into` would raise, without changing anything.
+
+    Run first, so a mismatched checkpoint leaves the live state untouched. Inside Stateful objects
+    it compares against their current ``state_dict()`` leniently: only tensors and arrays present
+    on both sides are checked (their own ``load_state_dict`` judges the rest).
+    """
+    where = format_path(parts)
+    if is_stateful(target) and not isinstance(target, (dict, list)):
+        check_into(target.state_dict(), saved, parts, lenient=True)
+        return
+    if is_tensor(target) or isinstance(target, np.ndarray):
+        saved_shape = tuple(saved.shape) if hasattr(saved, "shape") else None
+        if saved_shape != tuple(target.shape):
+            raise UnsupportedStateError(
+                f"state at '{where}': checkpoint has shape {saved_shape}, the live value "
+                f"{tuple(target.shape)}; build it with the saved configuration before restoring"
+            )
+        if is_tensor(target) and is_tensor(saved) and saved.dtype != target.dtype:
+            raise UnsupportedStateError(
+                f"state at '{where}': checkpoint has dtype {saved.dtype}, the live tensor {target.dtype}; "
+                "cast the live tensor or load() the checkpoint and convert it yourself"
+            )
+        return
+    if isinstance(target, MutableMapping) or (lenient and isinstance(target, dict)):
+        if not isinstance(saved, dict):
+            raise _mismatch(where, target, saved)
+        for key in target:
+            if key in saved:
+                check_into(target[key], saved[key], (*parts, key), lenient)
+            elif not lenient:
+                raise UnsupportedStateError(
+                    f"state at '{format_path((*parts, key))}' is not in the checkpoint; remove it "
+                    "from the state passed to restore(), or use load() to read what was saved"
+                )
+        return
+    if isinstance(target, (MutableSequence, tuple)):
+        if not isinstance(saved, (list, tuple)) or len(saved) != len(target):
+            if lenient:
+                return
+            raise _mismatch(where, target, saved)
+        for i, (t, s) in enumerate(zip(target, saved, strict=True)):
+            check_into(t, s, (*parts, i), lenient)
 
 
 def _copy_tensor(target: Any, saved: Any, where: str) -> Any:
