@@ -1,0 +1,335 @@
+"""A parameter-server shard: a key range of blocks, its optimizer state, and FreeLauncher's books.
+
+Per block the shard keeps its version (bumped by every applied batch), which workers hold which
+version (recorded at pull time in ``holder``, pushed by replication in ``replica``), and, per
+worker, the last clock of that worker's updates it includes (``applied``). At the end of each
+clock it makes sure the block's *recovery point* -- its version at the previous clock's end, or
+its current version -- has k copies (its own counts as one), pushing the current version to the
+replica stores of just enough workers when it has not. Workers keep their updates until the
+recovery point covers them, so a relaunched shard rebuilds itself from the newest copies and
+replays the retained updates with no rollback.
+
+The class is plain Python (unit-testable); the driver runs it as a Ray actor.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from crashsafe.ps import optim
+from crashsafe.ps.config import PSConfig
+from crashsafe.ps.errors import ServerRecoveringError
+from crashsafe.ps.layout import BlockLayout, ranges_index
+from crashsafe.ps.messages import Copy, Push, push_blocks
+from crashsafe.ps.workloads import make_workload
+from crashsafe.storage.writer import delete_step
+
+__all__ = ["ServerShard"]
+
+Ints = NDArray[np.int64]
+F32 = NDArray[np.float32]
+
+
+class ServerShard:
+    """Server ``server_id`` of a job. ``restarted=None`` asks Ray whether this is a relaunch."""
+
+    def __init__(self, config: dict[str, Any], server_id: int, restarted: bool | None = None) -> None:
+        self.id = server_id
+        self._config: dict[str, Any] | None = None
+        self._manager: Any = None
+        self.configure(config)
+        if restarted is None:
+            import ray
+
+            restarted = bool(ray.get_runtime_context().was_current_actor_reconstructed)
+        self.recovering = restarted
+
+    def configure(self, config: dict[str, Any]) -> None:
+        """Adopt a job configuration (a no-op if unchanged); the shard starts from its initial values."""
+        if config == self._config:
+            return
+        self.close()
+        self._config = config
+        self.cfg = PSConfig(**config)
+        workload = make_workload(self.cfg.workload, self.cfg.seed, self.cfg.workload_options)
+        self.layout = BlockLayout(workload.tables(), self.cfg.servers)
+        self.lo, self.hi = self.layout.ranges[self.id]
+        self.nb, self.workers = self.hi - self.lo, self.cfg.workers
+        self.opt, self.lr = self.cfg.optimizer, self.cfg.lr or optim.DEFAULT_LR[self.cfg.optimizer]
+        self.state_names = optim.STATE_NAMES[self.opt]
+        self.scale = np.float32(1.0 / self.workers)
+        self._init = workload.init_params()
+        self._fresh()
+
+    def _fresh(self) -> None:
+        """Initial values (regenerable from the seed: version 0 needs no copy) and empty books."""
+        self.slabs: list[F32] = []
+        self.bases = []
+        for ti in range(len(self.layout.tables)):
+            r0, r1 = self.layout.rows_in(ti, self.lo, self.hi)
+            self.bases.append(r0)
+            self.slabs.append(self._init[ti][r0:r1].copy())
+        self.state = {
+            n: [optim.init_state(self.opt, s.shape)[n] for s in self.slabs] for n in self.state_names
+        }
+        nb, nw = self.nb, self.workers
+        self.version = np.zeros(nb, np.int64)
+        self.applied = np.full((nb, nw), -1, np.int64)
+        self.n_applied = np.zeros(nb, np.int64)
+        self.holder = np.full((nb, nw), -1, np.int64)
+        self.replica = np.full((nb, nw), -1, np.int64)
+        self.prev_end = np.zeros(nb, np.int64)
+        self.buffer: dict[int, dict[int, Push]] = {}
+
+    # -- data path -------------------------------------------------------------------------------
+    def _check(self) -> None:
+        if self.recovering:
+            raise ServerRecoveringError(f"server {self.id} was relaunched and is rebuilding its shard; retry")
+
+    def pull(self, worker: int, blocks: Ints) -> Copy:
+        """Values of ``blocks`` (global ids, ascending); with FreeLauncher also state and versions."""
+        self._check()
+        local = blocks - self.lo
+        reply: Copy = {"blocks": blocks, "v": self.layout.gather(self.slabs, self.bases, blocks)}
+        if self.cfg.ft:
+            self.holder[local, worker] = self.version[local]
+            reply.update(self._copy_meta(blocks))
+        return reply
+
+    def _copy_meta(self, blocks: Ints) -> Copy:
+        local = blocks - self.lo
+        state = [self.layout.gather(self.state[n], self.bases, blocks) for n in self.state_names]
+        n_elems = int(sum(self.layout.block_elems(blocks)))
+        return {
+            "ver": self.version[local].astype(np.int32),  # int32 on the wire: metadata is overhead
+            "applied": self.applied[local].astype(np.int32),
+            "n": self.n_applied[local].astype(np.int32),
+            "s": np.stack(state) if state else np.zeros((0, n_elems), np.float32),
+        }
+
+    def push(self, push: Push) -> int:
+        """Accept a worker's update: buffered until the clock ends (BSP) or applied now (SSP)."""
+        self._check()
+        if self.cfg.consistency == "bsp":
+            self.buffer.setdefault(push["t"], {}).setdefault(push["w"], push)
+        else:
+            self._apply([self._unapplied(push)])
+        return 0
+
+    def _unapplied(self, push: Push) -> Push:
+        """The part of ``push`` whose blocks do not include it yet (drops duplicates on resend)."""
+        w, t = push["w"], push["t"]
+        rows, grads = [], []
+        for ti, (r, g) in enumerate(zip(push["rows"], push["grads"], strict=True)):
+            keep = self.applied[self.layout.blocks_of_rows(ti, r) - self.lo, w] < t
+            rows.append(r[keep])
+            grads.append(g[keep])
+        return {"w": w, "t": t, "rows": rows, "grads": grads}
+
+    def _apply(self, pushes: list[Push]) -> None:
+        """One optimizer step with the sum of ``pushes`` (summed in list order), versions + 1."""
+        for ti, table in enumerate(self.layout.tables):
+            parts = [(p["rows"][ti], p["grads"][ti]) for p in pushes if p["rows"][ti].size]
+            if not parts:
+                continue
+            union = np.unique(np.concatenate([r for r, _ in parts]))
+            acc = np.zeros((union.size, table.dim), np.float32)
+            for r, g in parts:
+                acc[np.searchsorted(union, r)] += g
+            acc *= self.scale
+            optim.step(
+                self.opt,
+                self.lr,
+                self.slabs[ti],
+                {n: self.state[n][ti] for n in self.state_names},
+                union - self.bases[ti],
+                acc,
+            )
+        touched = []
+        for p in pushes:
+            local = push_blocks(p, self.layout.blocks_of_rows) - self.lo
+            self.applied[local, p["w"]] = p["t"]
+            self.n_applied[local] += 1
+            touched.append(local)
+        if touched:
+            self.version[np.unique(np.concatenate(touched))] += 1
+
+    # -- end of clock: apply (BSP), then replicate what lacks copies -----------------------------
+    def end_clock(self, clock: int) -> dict[str, Any]:
+        """Close ``clock``: apply its updates in worker order (BSP), then top up copies to k.
+
+        Returns the block versions (the driver's record of what must be recoverable) and, per
+        worker, the replica copies to store. After the replicas are stored, updates of clocks
+        before ``clock`` are safe and workers may drop them.
+        """
+        self._check()
+        if self.cfg.consistency == "bsp":
+            batch = self.buffer.pop(clock, {})
+            self._apply([self._unapplied(batch[w]) for w in sorted(batch)])
+        replicas: dict[int, Copy] = {}
+        if self.cfg.ft:
+            replicas = self._replicate()
+        self.prev_end = self.version.copy()
+        return {"versions": self.version.astype(np.int32), "replicas": replicas}
+
+    def copies(self, versions: Ints) -> Ints:
+        """Copies of each block at ``versions`` held by workers (caches and replica stores)."""
+        held: Ints = ((self.holder == versions[:, None]) | (self.replica == versions[:, None])).sum(axis=1)
+        return held
+
+    def _replicate(self) -> dict[int, Copy]:
+        need = self.cfg.replicas - 1
+        current = self.copies(self.version)
+        ok = (self.version == 0) | (current >= need) | (self.copies(self.prev_end) >= need)
+        short = np.flatnonzero(~ok)
+        if short.size == 0:
+            return {}
+        # Per short block, the first workers without a current copy in an order rotated by block id,
+        # which spreads the replica stores' load evenly.
+        score = (np.arange(self.workers)[None, :] - short[:, None]) % self.workers
+        ver = self.version[short][:, None]
+        score[(self.holder[short] == ver) | (self.replica[short] == ver)] = self.workers
+        rank = np.argsort(np.argsort(score, axis=1, kind="stable"), axis=1)
+        pick = rank < (need - current[short])[:, None]
+        rows, cols = np.nonzero(pick)
+        self.replica[short[rows], cols] = self.version[short[rows]]
+        chosen = {w: short[pick[:, w]] for w in range(self.workers) if pick[:, w].any()}
+        out = {}
+        for w, local in chosen.items():
+            blocks = local + self.lo
+            out[w] = {
+                "blocks": blocks,
+                "v": self.layout.gather(self.slabs, self.bases, blocks),
+                **self._copy_meta(blocks),
+            }
+        return out
+
+    # -- failures --------------------------------------------------------------------------------
+    def forget_worker(self, worker: int) -> None:
+        """A worker was relaunched empty: it holds no copy any more."""
+        self.holder[:, worker] = -1
+        self.replica[:, worker] = -1
+
+    def status(self) -> dict[str, Any]:
+        """Whether this shard needs rebuilding, and its process id (for fault injection)."""
+        return {"recovering": self.recovering, "pid": os.getpid()}
+
+    def recover(self, ended: int, expected: NDArray[np.int32], *reports: dict[str, Any]) -> dict[str, Any]:
+        """Rebuild from workers' copies and replay their retained updates; no rollback.
+
+        ``ended``: the last clock whose :meth:`end_clock` completed here before the failure;
+        ``expected``: the versions it returned. Blocks that cannot reach them are reported as
+        missing (more copies failed than k tolerates) and the shard stays in recovery.
+        """
+        self._fresh()
+        best = np.zeros(self.nb, np.int64)
+        for rep in reports:
+            for kind, book in (("cache", self.holder), ("replica", self.replica)):
+                copy = rep[kind]
+                book[copy["blocks"] - self.lo, rep["w"]] = copy["ver"]
+                best = self._adopt(copy, best)
+        pushes = {(p["w"], p["t"]): p for rep in reports for p in rep["retained"]}
+        replayed = 0
+        if self.cfg.consistency == "bsp":
+            for t in sorted({t for _, t in pushes}):
+                batch = [pushes[(w, tt)] for (w, tt) in sorted(pushes, key=lambda k: k[0]) if tt == t]
+                if t <= ended:
+                    parts = [self._unapplied(p) for p in batch]
+                    self._apply(parts)
+                    replayed += sum(1 for p in parts if any(r.size for r in p["rows"]))
+                else:
+                    self.buffer[t] = {p["w"]: p for p in batch}
+        else:
+            for key in sorted(pushes, key=lambda k: (k[1], k[0])):
+                part = self._unapplied(pushes[key])
+                if any(r.size for r in part["rows"]):
+                    self._apply([part])
+                    replayed += 1
+        expected64 = expected.astype(np.int64)
+        missing = np.flatnonzero(self.version < expected64) + self.lo
+        if self.cfg.consistency == "bsp" and np.any(self.version > expected64):
+            raise AssertionError(f"server {self.id}: replay overshot the recorded versions")
+        self.prev_end = expected64.copy()
+        self.recovering = missing.size > 0
+        return {"missing": missing, "replayed": replayed, "copies_used": int(np.count_nonzero(best))}
+
+    def _adopt(self, copy: Copy, best: Ints) -> Ints:
+        """Take every block of ``copy`` that is newer than what we have."""
+        local = copy["blocks"] - self.lo
+        newer = copy["ver"] > self.version[local]
+        if not newer.any():
+            return best
+        sizes = self.layout.block_elems(copy["blocks"])
+        elems = ranges_index((np.cumsum(sizes) - sizes)[newer], sizes[newer])
+        blocks, take = copy["blocks"][newer], local[newer]
+        self.layout.scatter(copy["v"][elems], self.slabs, self.bases, blocks)
+        for j, n in enumerate(self.state_names):
+            self.layout.scatter(copy["s"][j, elems], self.state[n], self.bases, blocks)
+        self.version[take] = copy["ver"][newer]
+        self.applied[take] = copy["applied"][newer]
+        self.n_applied[take] = copy["n"][newer]
+        best[take] = copy["ver"][newer]
+        return best
+
+    # -- checkpoint baseline and restart from scratch --------------------------------------------
+    def _open_manager(self) -> Any:
+        if self._manager is None:
+            from crashsafe.manager import CheckpointManager
+
+            self._manager = CheckpointManager(self.cfg.shard_dir(self.id), keep_last=2)
+        return self._manager
+
+    def save_checkpoint(self, clock: int) -> None:
+        """Snapshot the shard as step ``clock`` (persisted in the background)."""
+        self._check()
+        names = self.layout.names
+        shard = {
+            "values": dict(zip(names, self.slabs, strict=True)),
+            "state": {n: dict(zip(names, self.state[n], strict=True)) for n in self.state_names},
+            "version": self.version,
+            "applied": self.applied,
+            "n_applied": self.n_applied,
+        }
+        self._open_manager().save(clock, {"shard": shard})
+
+    def checkpoint_steps(self) -> list[int]:
+        """Committed checkpoint steps of this shard (waits for the one in flight)."""
+        manager = self._open_manager()
+        manager.wait()
+        steps: list[int] = manager.steps()
+        return steps
+
+    def restore_checkpoint(self, step: int | None) -> NDArray[np.int32]:
+        """Roll back to checkpoint ``step`` (``None``: the initial values); return the versions."""
+        self._fresh()
+        if step is not None:
+            shard = self._open_manager().load(step, numpy=True)["shard"]
+            for ti, name in enumerate(self.layout.names):
+                self.slabs[ti][...] = shard["values"][name]
+                for n in self.state_names:
+                    self.state[n][ti][...] = shard["state"][n][name]
+            self.version[...] = shard["version"]
+            self.applied[...] = shard["applied"]
+            self.n_applied[...] = shard["n_applied"]
+            self.prev_end = self.version.copy()
+        if self.cfg.checkpoint_dir is not None:
+            manager = self._open_manager()
+            for old in manager.steps():
+                if step is None or old > step:
+                    delete_step(manager.directory, old)  # this run's future saves reuse these steps
+        self.recovering = False
+        return self.version.astype(np.int32)
+
+    def params(self) -> tuple[list[int], list[F32], int]:
+        """Row bases, value slabs and the number of block updates applied (for the final model)."""
+        return self.bases, self.slabs, int(self.n_applied.sum())
+
+    def close(self) -> None:
+        """Wait for the checkpoint in flight and release the checkpoint directory."""
+        if self._manager is not None:
+            self._manager.close()
+            self._manager = None

@@ -1,0 +1,206 @@
+"""A parameter-server worker: pull the blocks a minibatch touches, compute, push per server.
+
+With FreeLauncher on, the worker's pulled copies (values, optimizer state, version) double as
+replicas; a separate replica store holds the copies servers push to it; and every update is
+kept until the driver says the servers' recovery points cover it. A relaunched worker starts
+empty and rejoins at the clock it was running.
+
+The class is plain Python; the driver runs it as a Ray actor.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from crashsafe.ps import optim
+from crashsafe.ps.config import PSConfig
+from crashsafe.ps.errors import ServerRecoveringError
+from crashsafe.ps.layout import BlockLayout
+from crashsafe.ps.messages import Copy, Push, empty_copy, nbytes
+from crashsafe.ps.workloads import make_workload
+
+__all__ = ["BlockStore", "PSWorker", "server_unavailable"]
+
+Ints = NDArray[np.int64]
+F32 = NDArray[np.float32]
+
+
+def server_unavailable(exc: BaseException) -> bool:
+    """True for the errors a dead, restarting or rebuilding server produces."""
+    from ray.exceptions import RayActorError
+
+    return isinstance(exc, (RayActorError, ServerRecoveringError))
+
+
+class BlockStore:
+    """Full-size local tables plus, per block, the version and metadata of the copy held."""
+
+    def __init__(self, layout: BlockLayout, optimizer: str, workers: int, meta: bool) -> None:
+        self.layout = layout
+        self.values = [np.zeros((t.rows, t.dim), np.float32) for t in layout.tables]
+        self.names = optim.STATE_NAMES[optimizer] if meta else ()
+        self.state = {n: [np.zeros_like(v) for v in self.values] for n in self.names}
+        self.bases = [0] * len(layout.tables)
+        nb = layout.n_blocks
+        self.ver = np.full(nb, -1, np.int64)
+        self.clock = np.full(nb, np.iinfo(np.int64).min // 2, np.int64)
+        self.applied = np.full((nb, workers), -1, np.int64)
+        self.n = np.zeros(nb, np.int64)
+        self.workers = workers
+
+    def install(self, copy: Copy, clock: int) -> None:
+        """Store a copy (from a pull or a replica push) received at ``clock``."""
+        blocks = copy["blocks"]
+        self.layout.scatter(copy["v"], self.values, self.bases, blocks)
+        self.clock[blocks] = clock
+        if "ver" in copy:
+            self.ver[blocks] = copy["ver"]
+            self.applied[blocks] = copy["applied"]
+            self.n[blocks] = copy["n"]
+            for j, n in enumerate(self.names):
+                self.layout.scatter(copy["s"][j], self.state[n], self.bases, blocks)
+
+    def export(self, lo: int, hi: int) -> Copy:
+        """The copies held for global blocks ``[lo, hi)``."""
+        blocks = (np.flatnonzero(self.ver[lo:hi] >= 0) + lo).astype(np.int64)
+        if blocks.size == 0:
+            return empty_copy(len(self.names), self.workers)
+        state = [self.layout.gather(self.state[n], self.bases, blocks) for n in self.names]
+        return {
+            "blocks": blocks,
+            "ver": self.ver[blocks],
+            "v": self.layout.gather(self.values, self.bases, blocks),
+            "s": np.stack(state) if state else np.zeros((0, 0), np.float32),
+            "applied": self.applied[blocks],
+            "n": self.n[blocks],
+        }
+
+
+class PSWorker:
+    """Worker ``worker_id``; finds the servers by their Ray actor names."""
+
+    def __init__(self, config: dict[str, Any], worker_id: int, server_names: list[str]) -> None:
+        self.id = worker_id
+        self.server_names = server_names
+        self._servers: list[Any] | None = None
+        self._config: dict[str, Any] | None = None
+        self.configure(config)
+
+    def configure(self, config: dict[str, Any]) -> None:
+        """Adopt a job configuration (a no-op if unchanged): reload data, drop every copy."""
+        if config == self._config:
+            return
+        self._config = config
+        self.cfg = PSConfig(**config)
+        self.workload = make_workload(self.cfg.workload, self.cfg.seed, self.cfg.workload_options)
+        self.workload.load(self.id, self.cfg.workers)
+        self.layout = BlockLayout(self.workload.tables(), self.cfg.servers)
+        self.reset()
+
+    def reset(self) -> None:
+        """Drop every copy and retained update (rollback, or a fresh relaunch)."""
+        cfg = self.cfg
+        self.cache = BlockStore(self.layout, cfg.optimizer, cfg.workers, cfg.ft)
+        self.replicas = BlockStore(self.layout, cfg.optimizer, cfg.workers, cfg.ft)
+        self.retained: dict[int, dict[int, Push]] = {}
+
+    @property
+    def servers(self) -> list[Any]:
+        if self._servers is None:
+            import ray
+
+            self._servers = [ray.get_actor(name) for name in self.server_names]
+        return self._servers
+
+    def pid(self) -> int:
+        """Process id (for fault injection)."""
+        return os.getpid()
+
+    def run_clock(self, clock: int, ack: int) -> dict[str, Any]:
+        """Pull, compute and push one minibatch; updates of clocks <= ``ack`` are safe to drop.
+
+        Returns ``status`` ``"pull_failed"`` (nothing computed; run the clock again after the
+        servers recover) or ``"ok"``, with the servers a push failed on (their recovery replays it).
+        """
+        import ray
+
+        for t in [t for t in self.retained if t <= ack]:
+            del self.retained[t]
+        batch = self.workload.batch(self.id, clock, self.cfg.batch_size)
+        rows = self.workload.rows(batch)
+        need = np.unique(np.concatenate([self.layout.blocks_of_rows(ti, r) for ti, r in enumerate(rows)]))
+        stale = need[self.cache.clock[need] < clock - self.cfg.read_staleness]
+        owner = self.layout.server_of[stale]
+        calls = {
+            s: self.servers[s].pull.remote(self.id, stale[owner == s]) for s in np.unique(owner).tolist()
+        }
+        failed, pulled, extra = [], 0, 0
+        for s, ref in calls.items():
+            try:
+                copy = ray.get(ref)
+            except Exception as exc:
+                if not server_unavailable(exc):
+                    raise
+                failed.append(s)
+                continue
+            self.cache.install(copy, clock)
+            pulled += nbytes(copy)
+            extra += nbytes(copy) - int(copy["v"].nbytes) - int(copy["blocks"].nbytes)
+        if failed:
+            return {"status": "pull_failed", "failed": failed}
+        grads, loss = self.workload.grad(batch, self.cache.values)
+        pushes = self._split(clock, rows, grads)
+        if self.cfg.ft:
+            self.retained[clock] = pushes
+        refs = {s: self.servers[s].push.remote(p) for s, p in pushes.items()}
+        for s, ref in refs.items():
+            try:
+                ray.get(ref)
+            except Exception as exc:
+                if not server_unavailable(exc):
+                    raise
+                failed.append(s)
+        updates = sum(int(np.unique(self.layout.blocks_of_rows(ti, r)).size) for ti, r in enumerate(rows))
+        return {
+            "status": "ok",
+            "failed": failed,
+            "loss": loss,
+            "updates": updates,
+            "pull_bytes": pulled,
+            "ft_pull_bytes": extra,
+            "push_bytes": nbytes(pushes),
+        }
+
+    def _split(self, clock: int, rows: list[Ints], grads: list[F32]) -> dict[int, Push]:
+        """One push per server, holding the gradient rows of its key range."""
+        owners = [self.layout.server_of[self.layout.blocks_of_rows(ti, r)] for ti, r in enumerate(rows)]
+        pushes = {}
+        for s in np.unique(np.concatenate(owners)).tolist():
+            pushes[s] = {
+                "w": self.id,
+                "t": clock,
+                "rows": [r[o == s] for r, o in zip(rows, owners, strict=True)],
+                "grads": [g[o == s] for g, o in zip(grads, owners, strict=True)],
+            }
+        return pushes
+
+    def replicate(self, copy: Copy) -> int:
+        """Store copies a server pushed to this worker's replica store; return their bytes."""
+        self.replicas.install(copy, 0)
+        return nbytes(copy)
+
+    def report(self, server: int) -> dict[str, Any]:
+        """Everything this worker holds for ``server``'s key range: copies and retained updates."""
+        lo, hi = self.layout.ranges[server]
+        return {
+            "w": self.id,
+            "cache": self.cache.export(lo, hi),
+            "replica": self.replicas.export(lo, hi),
+            "retained": [
+                self.retained[t][server] for t in sorted(self.retained) if server in self.retained[t]
+            ],
+        }
