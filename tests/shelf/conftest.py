@@ -10,7 +10,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+
+from crashsafe.shelf import Shelf
 
 HERE = Path(__file__).parent
 SRC = HERE.parent.parent / "src"
@@ -62,3 +65,37 @@ def run_script() -> Callable[..., subprocess.CompletedProcess[str]]:
         )
 
     return run
+
+
+class _States:
+    """State A of a test shelf, and state B that ``scripts/shelf_change.py`` turns it into."""
+
+    @staticmethod
+    def make_a(path: Path, tx_mode: str) -> None:
+        with Shelf(path, size="2MiB", tx_mode=tx_mode) as shelf, shelf.transaction():  # type: ignore[arg-type]
+            shelf["a"] = np.arange(20_000, dtype=np.float64)
+            shelf["b"] = np.arange(12, dtype=np.int32).reshape(3, 4)
+            shelf["c"] = b"doomed"
+            shelf["n"] = 1
+            shelf["s"] = "A"
+            shelf["e"] = np.ones(4, np.float32)
+
+    @staticmethod
+    def assert_a(shelf: Shelf) -> None:
+        assert sorted(shelf) == ["a", "b", "c", "e", "n", "s"]
+        assert np.array_equal(shelf["a"], np.arange(20_000, dtype=np.float64))
+        assert np.array_equal(shelf["b"], np.arange(12).reshape(3, 4))
+        assert shelf["c"] == b"doomed" and shelf["n"] == 1 and shelf["s"] == "A"
+        assert np.array_equal(shelf["e"], np.ones(4))
+
+    @staticmethod
+    def assert_b(shelf: Shelf) -> None:
+        assert sorted(shelf) == ["a", "b", "d", "e", "n", "s"]
+        assert np.all(shelf["a"] == 9.0) and np.all(shelf["b"] == 7)
+        assert np.array_equal(shelf["d"], np.arange(5)) and shelf["n"] == 2 and shelf["s"] == "B"
+        assert shelf["e"].tolist() == [1, 1, 1, 1, 0, 0, 0, 0, 0, 0]
+
+
+@pytest.fixture
+def states() -> type[_States]:
+    return _States

@@ -224,9 +224,9 @@ class Shelf(MutableMapping[str, Any]):
         self._write_meta(self._meta)
         self.recovered = RecoveryInfo(incomplete.seq, incomplete.started, tuple(restored))
         warnings.warn(
-            f"shelf {self.path}: transaction {incomplete.seq} was interrupted by a crash and has been "
-            f"rolled back ({len(restored)} variables restored in place); the shelf holds transaction "
-            f"{incomplete.seq - 1}'s state.",
+            f"shelf {self.path}: transaction {incomplete.seq} did not commit (a crash interrupted it, "
+            f"or its metadata is damaged) and has been rolled back ({len(restored)} variables "
+            f"restored in place); the shelf holds the state committed before it.",
             ShelfRecoveredWarning,
             stacklevel=4,
         )
