@@ -237,3 +237,8 @@ def demo_cmd(
     ok = run_demo(directory=directory, kills=kills, steps=steps, seed=seed, codec=codec, console=console)
     if not ok:
         raise typer.Exit(1)
+
+
+from crashsafe.cli.shelf import app as shelf_app  # noqa: E402 - registered after the core commands
+
+app.add_typer(shelf_app, name="shelf")

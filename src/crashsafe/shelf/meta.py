@@ -16,9 +16,11 @@ import numpy as np
 
 from crashsafe.format.dtypes import DTYPES
 from crashsafe.shelf.errors import CorruptShelfError
+from crashsafe.shelf.layout import META_HEADER, Superblock, decode_meta_slot
 
 __all__ = [
-    "DTYPE_NAMES", "NUMERIC_DTYPES", "Entry", "Kind", "Meta", "decode_meta", "encode_meta", "scalar_ok",
+    "DTYPE_NAMES", "NUMERIC_DTYPES", "Entry", "Kind", "Meta", "decode_meta", "encode_meta", "read_newest",
+    "scalar_ok",
 ]
 
 Kind = Literal["array", "str", "bytes", "scalar"]
@@ -165,3 +167,26 @@ def scalar_ok(value: object) -> bool:
     if isinstance(value, np.generic):
         return False
     return value is None or isinstance(value, (bool, int, float, complex))
+
+
+def read_newest(buf: memoryview, sb: Superblock, path: object) -> tuple[Meta, str]:
+    """The newest valid metadata slot, decoded, and the state of the other one.
+
+    The other slot is described as ``"ok (seq N)"``, ``"empty"`` (never written) or ``"damaged"``.
+    """
+    found: list[tuple[int, bytes, int]] = []
+    states = []
+    for index in (0, 1):
+        raw = buf[sb.slot(index) : sb.slot(index) + sb.slot_size]
+        slot = decode_meta_slot(raw, sb.slot_size)
+        if slot is not None:
+            found.append((*slot, index))
+        states.append("empty" if slot is None and not any(raw[:META_HEADER]) else
+                      "damaged" if slot is None else f"ok (seq {slot[0]})")
+    if not found:
+        raise CorruptShelfError(
+            f"{path}: both copies of the shelf's metadata fail their checksums; the file is "
+            "damaged. Restore it from a copy; crashsafe will not guess which bytes are valid."
+        )
+    seq, payload, index = max(found)
+    return decode_meta(payload, seq, sb.data_start, path), states[1 - index]

@@ -38,16 +38,8 @@ from crashsafe.shelf import recovery
 from crashsafe.shelf.alloc import Allocator
 from crashsafe.shelf.arena import Arena, Durability, parse_size
 from crashsafe.shelf.errors import CorruptShelfError, ShelfError, ShelfFullError, ShelfRecoveredWarning
-from crashsafe.shelf.layout import (
-    PAGE,
-    RECORD_BYTES,
-    Record,
-    Superblock,
-    decode_meta_slot,
-    encode_meta_slot,
-    new_superblock,
-)
-from crashsafe.shelf.meta import DTYPE_NAMES, NUMERIC_DTYPES, Entry, Meta, decode_meta, encode_meta, scalar_ok
+from crashsafe.shelf.layout import PAGE, RECORD_BYTES, Record, Superblock, encode_meta_slot, new_superblock
+from crashsafe.shelf.meta import DTYPE_NAMES, NUMERIC_DTYPES, Entry, Meta, encode_meta, read_newest, scalar_ok
 from crashsafe.storage import faults
 
 __all__ = ["RecoveryInfo", "Shelf", "Transaction", "TxMode", "VarInfo"]
@@ -185,7 +177,7 @@ class Shelf(MutableMapping[str, Any]):
         self._sb: Superblock = self._arena.read_superblock()
         self._mv = memoryview(self._arena.mm)
         self._u8 = np.frombuffer(self._mv, dtype=np.uint8)
-        self._meta = self._read_meta()
+        self._meta, _ = read_newest(self._mv, self._sb, self.path)
         if self._arena.length < self._meta.size:
             raise CorruptShelfError(f"{self.path} is shorter ({self._arena.length} bytes) than its "
                                     f"arena ({self._meta.size}); the file was truncated. Restore it "
@@ -201,21 +193,6 @@ class Shelf(MutableMapping[str, Any]):
         for entry in self._meta.vars.values():
             if entry.has_block:
                 self._alloc.mark(entry.offset, entry.nbytes)
-
-    def _read_meta(self) -> Meta:
-        found = []
-        for index in (0, 1):
-            start = self._sb.slot(index)
-            slot = decode_meta_slot(self._mv[start : start + self._sb.slot_size], self._sb.slot_size)
-            if slot is not None:
-                found.append(slot)
-        if not found:
-            raise CorruptShelfError(
-                f"{self.path}: both copies of the shelf's metadata fail their checksums; the file is "
-                "damaged. Restore it from a copy; crashsafe will not guess which bytes are valid."
-            )
-        seq, payload = max(found)
-        return decode_meta(payload, seq, self._sb.data_start, self.path)
 
     def _recover(self, incomplete: recovery.Incomplete) -> None:
         restored = recovery.restore(self._mv, self._meta, incomplete.undo, self._arena.flush, self.path)
@@ -617,7 +594,7 @@ class Shelf(MutableMapping[str, Any]):
         if view is None:
             # numpy keeps no buffer export of its own; a ctypes array does, so the mapping
             # outlives every view (and derived view) handed out
-            owner = (ctypes.c_char * entry.nbytes).from_buffer(self._arena.mm, entry.offset)
+            owner: Any = (ctypes.c_char * entry.nbytes).from_buffer(self._arena.mm, entry.offset)
             view = np.ndarray(entry.shape, NUMERIC_DTYPES[entry.dtype], buffer=owner)
             refs.append(weakref.ref(view))
         view.flags.writeable = self._writable(name, entry)

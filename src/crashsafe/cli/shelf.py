@@ -1,0 +1,85 @@
+"""``crashsafe shelf ...``: look inside a persistent-memory shelf file."""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
+from rich.table import Table
+
+app = typer.Typer(
+    name="shelf",
+    help="Inspect persistent-memory shelves (crash-consistent in-place state).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console()
+err = Console(stderr=True)
+
+
+def _when(timestamp: object) -> str:
+    if not isinstance(timestamp, (int, float)):
+        return "?"
+    return datetime.datetime.fromtimestamp(timestamp).isoformat(sep=" ", timespec="seconds")
+
+
+def _value(kind: str, value: Any) -> str:
+    if kind == "array":
+        return ""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+@app.command("inspect")
+def inspect_cmd(
+    path: Annotated[Path, typer.Argument(help="the shelf file")],
+    verify: Annotated[bool, typer.Option(help="check every variable's checksum")] = True,
+) -> None:
+    """List variables (type, shape, size, version), the last committed transaction, and any
+    transaction a crash left to roll back. Exits 1 if a variable fails its checksum."""
+    from crashsafe.cli.app import human_bytes
+    from crashsafe.errors import CrashsafeError
+    from crashsafe.shelf.inspect import inspect_shelf
+
+    try:
+        with Progress(TextColumn("[bold]verifying"), BarColumn(), DownloadColumn(), console=err,
+                      transient=True) as progress:
+            task = progress.add_task("verify", total=None)
+            report = inspect_shelf(path, verify=verify,
+                                   progress=lambda done, total: progress.update(task, completed=done,
+                                                                                total=total))
+    except CrashsafeError as exc:
+        err.print(f"[bold red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+    table = Table(title=f"{path}  (format {report.format_version}, created {_when(report.created)})")
+    for col in ("variable", "kind", "dtype", "shape", "bytes", "version", "value", "status"):
+        table.add_column(col, justify="right" if col in ("bytes", "version") else "left")
+    for v in report.variables:
+        status = {True: "[green]ok[/]", False: "[red]DAMAGED[/]", None: "-"}[v.intact]
+        shape = ("x".join(map(str, v.shape)) or "()") if v.kind == "array" else ""
+        table.add_row(v.name, v.kind, v.dtype, shape, human_bytes(v.nbytes) if v.kind != "scalar" else "",
+                      str(v.version), _value(v.kind, v.value), status)
+    console.print(table)
+    tx = report.last_transaction
+    console.print(f"arena {human_bytes(report.size)}: {human_bytes(report.used)} of "
+                  f"{human_bytes(report.data_bytes)} data in use by {len(report.variables)} variables")
+    console.print(f"last committed transaction: #{tx.get('seq', '?')} at {_when(tx.get('time'))}; "
+                  f"changed {tx.get('changed', [])}, deleted {tx.get('deleted', [])}  "
+                  f"(metadata seq {report.seq}; other copy: {report.spare_slot})")
+    if report.last_rollback:
+        rb = report.last_rollback
+        console.print(f"last rollback: transaction #{rb.get('tx')} at {_when(rb.get('time'))} "
+                      f"({rb.get('reason')}); restored in place: {rb.get('restored')}")
+    if report.pending:
+        console.print(f"[yellow]incomplete transaction #{report.pending.seq}[/] (began "
+                      f"{_when(report.pending.started)}, {len(report.pending.undo)} blocks overwritten "
+                      "in place): the next Shelf(path) rolls it back")
+    if report.damaged:
+        err.print(f"[bold red]{len(report.damaged)} variable(s) fail their checksums:[/] "
+                  f"{', '.join(report.damaged)}. Restore the file from a copy.")
+        raise typer.Exit(1)
