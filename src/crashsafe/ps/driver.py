@@ -251,9 +251,9 @@ class PSJob:
                     trouble = True
                     continue
                 self._deliver(out["replicas"])
-                self._ended[s], self._expected[s] = clock, out["versions"]
+                self._ended[s], self._expected[s] = clock, out["counts"]
                 if self.cfg.ft:
-                    self._result.version_bytes += int(out["versions"].nbytes)
+                    self._result.version_bytes += int(out["counts"].nbytes)
             if trouble:
                 self._recover()
         self._completed = clock
@@ -443,7 +443,7 @@ class PSJob:
         """Every server back to checkpoint ``step`` (None: initial values), every worker emptied."""
         import ray
 
-        versions = ray.get([s.restore_checkpoint.remote(step) for s in self.servers])
+        counts = ray.get([s.restore_checkpoint.remote(step) for s in self.servers])
         ray.get([w.reset.remote() for w in self.workers])
         resume = 0 if step is None else step + 1
         discarded = sum(n for (_, t), n in self._pushed.items() if t >= resume and t <= self._completed)
@@ -458,7 +458,7 @@ class PSJob:
         )
         self._open.append((event, begin, self._completed))
         self._ended = [resume - 1] * self.cfg.servers
-        self._expected = list(versions)
+        self._expected = list(counts)
         self._completed, self._ack = resume - 1, resume - 2
         raise _Rewind(resume)
 

@@ -162,7 +162,8 @@ class ServerShard:
     def end_clock(self, clock: int) -> dict[str, Any]:
         """Close ``clock``: apply its updates in worker order (BSP), then top up copies to k.
 
-        Returns the block versions (the driver's record of what must be recoverable) and, per
+        Returns each block's count of applied updates (the driver's record of what a rebuild must
+        reach) and, per
         worker, the replica copies to store. After the replicas are stored, updates of clocks
         before ``clock`` are safe and workers may drop them.
         """
@@ -174,7 +175,7 @@ class ServerShard:
         if self.cfg.ft:
             replicas = self._replicate()
         self.prev_end = self.version.copy()
-        return {"versions": self.version.astype(np.int32), "replicas": replicas}
+        return {"counts": self.n_applied.astype(np.int32), "replicas": replicas}
 
     def copies(self, versions: Ints) -> Ints:
         """Copies of each block at ``versions`` held by workers (caches and replica stores)."""
@@ -222,8 +223,9 @@ class ServerShard:
         """Rebuild from workers' copies and replay their retained updates; no rollback.
 
         ``ended``: the last clock whose :meth:`end_clock` completed here before the failure;
-        ``expected``: the versions it returned. Blocks that cannot reach them are reported as
-        missing (more copies failed than k tolerates) and the shard stays in recovery.
+        ``expected``: the update counts it returned. Blocks that cannot reach them (a copy or a
+        retained update is gone: more copies failed than k tolerates) are reported as missing and
+        the shard stays in recovery.
         """
         self._fresh()
         best = np.zeros(self.nb, np.int64)
@@ -249,11 +251,11 @@ class ServerShard:
                 if any(r.size for r in part["rows"]):
                     self._apply([part])
                     replayed += 1
-        expected64 = expected.astype(np.int64)
-        missing = np.flatnonzero(self.version < expected64) + self.lo
-        if self.cfg.consistency == "bsp" and np.any(self.version > expected64):
-            raise AssertionError(f"server {self.id}: replay overshot the recorded versions")
-        self.prev_end = expected64.copy()
+        counts = expected.astype(np.int64)
+        missing = np.flatnonzero(self.n_applied < counts) + self.lo
+        if self.cfg.consistency == "bsp" and np.any(self.n_applied > counts):
+            raise AssertionError(f"server {self.id}: replay applied more updates than were recorded")
+        self.prev_end = self.version.copy()
         self.recovering = missing.size > 0
         return {"missing": missing, "replayed": replayed, "copies_used": int(np.count_nonzero(best))}
 
@@ -304,7 +306,7 @@ class ServerShard:
         return steps
 
     def restore_checkpoint(self, step: int | None) -> NDArray[np.int32]:
-        """Roll back to checkpoint ``step`` (``None``: the initial values); return the versions."""
+        """Roll back to checkpoint ``step`` (``None``: the initial values); return the update counts."""
         self._fresh()
         if step is not None:
             shard = self._open_manager().load(step, numpy=True)["shard"]
@@ -322,7 +324,7 @@ class ServerShard:
                 if step is None or old > step:
                     delete_step(manager.directory, old)  # this run's future saves reuse these steps
         self.recovering = False
-        return self.version.astype(np.int32)
+        return self.n_applied.astype(np.int32)
 
     def params(self) -> tuple[list[int], list[F32], int]:
         """Row bases, value slabs and the number of block updates applied (for the final model)."""

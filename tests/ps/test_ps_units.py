@@ -1,0 +1,155 @@
+"""Pieces of the parameter server without Ray: key layout, optimizers, a shard's books, settings."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from crashsafe.errors import CrashsafeError
+from crashsafe.ps import Failure, PSConfig, PSConfigError, ServerRecoveringError
+from crashsafe.ps import optim
+from crashsafe.ps.layout import BlockLayout, TableSpec
+from crashsafe.ps.server import ServerShard
+from crashsafe.ps.workloads import make_workload
+from crashsafe.ps.workloads.sparse_lr import hash_features
+
+
+def test_layout_gather_scatter_round_trip() -> None:
+    layout = BlockLayout([TableSpec("a", 10, 3, 4), TableSpec("b", 5, 2, 2)], servers=2)
+    assert layout.n_blocks == 3 + 3
+    assert layout.ranges == [(0, 3), (3, 6)]
+    rng = np.random.default_rng(0)
+    src = [rng.normal(size=(10, 3)).astype(np.float32), rng.normal(size=(5, 2)).astype(np.float32)]
+    blocks = np.array([0, 2, 4, 5], np.int64)
+    flat = layout.gather(src, [0, 0], blocks)
+    assert flat.size == (4 + 2) * 3 + (2 + 1) * 2
+    dst = [np.zeros_like(a) for a in src]
+    layout.scatter(flat, dst, [0, 0], blocks)
+    assert np.array_equal(dst[0][[0, 1, 2, 3, 8, 9]], src[0][[0, 1, 2, 3, 8, 9]])
+    assert np.array_equal(dst[1][2:], src[1][2:]) and not dst[1][:2].any()
+    assert layout.blocks_of_rows(1, np.array([0, 3, 4])).tolist() == [3, 4, 5]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(["sgd", "adagrad", "adam"]), st.integers(1, 6), st.integers(0, 2**31 - 1))
+def test_optimizer_is_bit_identical_however_rows_are_batched(optimizer: str, splits: int, seed: int) -> None:
+    """The property replay relies on: one step over all rows == steps over any partition of them."""
+    rng = np.random.default_rng(seed)
+    rows = np.sort(rng.choice(64, 24, replace=False)).astype(np.int64)
+    values = rng.normal(size=(64, 3)).astype(np.float32)
+    grads = [rng.normal(size=(24, 3)).astype(np.float32) for _ in range(3)]
+    whole_v, whole_s = values.copy(), optim.init_state(optimizer, values.shape)
+    parts_v, parts_s = values.copy(), optim.init_state(optimizer, values.shape)
+    cuts = np.sort(rng.choice(np.arange(1, 24), min(splits, 23) - 1, replace=False)) if splits > 1 else []
+    for g in grads:
+        optim.step(optimizer, 0.05, whole_v, whole_s, rows, g)
+        for idx in np.split(np.arange(24), cuts):
+            optim.step(optimizer, 0.05, parts_v, parts_s, rows[idx], g[idx])
+    assert whole_v.tobytes() == parts_v.tobytes()
+    for name in whole_s:
+        assert whole_s[name].tobytes() == parts_s[name].tobytes()
+
+
+def _push(shard: ServerShard, worker: int, clock: int, rows: list[int]) -> dict[str, object]:
+    r = np.array(rows, np.int64)
+    return {"w": worker, "t": clock, "rows": [r], "grads": [np.full((r.size, 1), 0.5, np.float32)]}
+
+
+def _shard(replicas: int) -> ServerShard:
+    config = PSConfig(workload="sparse_lr", servers=1, workers=3, replicas=replicas,
+                      workload_options={"buckets": 64, "block_rows": 8, "samples": 64})
+    return ServerShard(config.to_dict(), 0, restarted=False)
+
+
+def test_shard_replicates_only_blocks_short_of_k_copies() -> None:
+    shard = _shard(replicas=3)
+    blocks = np.arange(8, dtype=np.int64)
+    for w in range(3):  # every worker pulls everything: N copies of version 0
+        shard.pull(w, blocks)
+    shard.push(_push(shard, 0, 0, [0, 1]))  # block 0: pulled by all -> its recovery point has 3 copies
+    shard.push(_push(shard, 1, 0, [9, 17]))
+    out = shard.end_clock(0)
+    assert shard.version.tolist() == [1, 1, 1, 0, 0, 0, 0, 0]
+    assert out["counts"].tolist() == [1, 1, 1, 0, 0, 0, 0, 0]
+    assert out["replicas"] == {}  # version 0 of blocks 0-2 is held by every worker
+    for w in range(3):  # clock 1: everyone reads blocks 0 and 2; only worker 2 reads block 1
+        shard.pull(w, np.array([0, 2] + ([1] if w == 2 else []), np.int64))
+    shard.push(_push(shard, 2, 1, [9]))
+    out = shard.end_clock(1)
+    assert shard.version.tolist() == [1, 2, 1, 0, 0, 0, 0, 0]
+    # Block 1's recovery point (version 1) has one worker copy where k=3 needs two, so its current
+    # version (held by no worker) goes to two replica stores, not to every worker.
+    assert len(out["replicas"]) == 2
+    assert all(c["blocks"].tolist() == [1] and c["ver"].tolist() == [2] for c in out["replicas"].values())
+    assert shard.copies(shard.version).tolist() == [3, 2, 3, 3, 3, 3, 3, 3]
+    assert shard.end_clock(2)["replicas"] == {}  # nothing changed: nothing to push
+
+
+def test_rebuilt_shard_refuses_traffic_and_replays_in_worker_order() -> None:
+    live = _shard(replicas=2)
+    blocks = np.arange(8, dtype=np.int64)
+    cache = live.pull(0, blocks)
+    pushes = [_push(live, w, 0, [w, 8 + w]) for w in (2, 0, 1)]
+    for p in pushes:
+        live.push(p)
+    live.end_clock(0)
+
+    rebuilt = _shard(replicas=2)
+    rebuilt.recovering = True
+    with pytest.raises(ServerRecoveringError, match="rebuilding its shard"):
+        rebuilt.pull(0, blocks)
+    empty = {"blocks": np.zeros(0, np.int64), "ver": np.zeros(0, np.int64), "v": np.zeros(0, np.float32),
+             "s": np.zeros((1, 0), np.float32), "applied": np.zeros((0, 3), np.int64), "n": np.zeros(0, np.int64)}
+    reports = [{"w": 0, "cache": cache, "replica": empty, "retained": [pushes[1]]},
+               {"w": 1, "cache": empty, "replica": empty, "retained": [pushes[2]]},
+               {"w": 2, "cache": empty, "replica": empty, "retained": [pushes[0]]}]
+    out = rebuilt.recover(0, live.n_applied.astype(np.int32), *reports)
+    assert out["missing"].size == 0 and out["replayed"] == 3 and not rebuilt.recovering
+    assert rebuilt.slabs[0].tobytes() == live.slabs[0].tobytes()
+    assert rebuilt.state["acc"][0].tobytes() == live.state["acc"][0].tobytes()
+
+    lossy = _shard(replicas=2)
+    out = lossy.recover(0, live.n_applied.astype(np.int32), *reports[:2])  # worker 2's update is gone
+    assert out["missing"].tolist() == [0, 1] and lossy.recovering  # both blocks it touched
+
+
+def test_workloads_are_deterministic_and_zipfian() -> None:
+    a, b = make_workload("sparse_lr", 3), make_workload("sparse_lr", 3)
+    a.load(1, 4)
+    b.load(1, 4)
+    assert np.array_equal(a.batch(1, 7, 32)[0], b.batch(1, 7, 32)[0])
+    counts = np.bincount(a.features.ravel(), minlength=1 << 16)
+    top = np.sort(counts)[::-1]
+    assert top[0] > 50 * np.median(counts[counts > 0])  # a hot head and a long tail
+    assert hash_features(np.array([0, 1, 2]), 1 << 16).max() < 1 << 16
+    mf = make_workload("mf", 0)
+    mf.load(0, 1)
+    items = np.bincount(mf.data[1])
+    assert items.max() > 20 * np.median(items[items > 0])
+    digits = make_workload("digits", 0)
+    digits.load(0, 2)
+    grads, loss = digits.grad(digits.batch(0, 0, 16), digits.init_params())
+    assert [g.shape for g in grads] == [(64, 64), (1, 64), (64, 10), (1, 10)] and loss > 1.5
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"workload": "mnist"}, "unknown workload 'mnist'"),
+        ({"replicas": 6, "workers": 4}, "needs 5 worker copies .* only 4 workers"),
+        ({"mode": "checkpoint"}, "needs checkpoint_dir and checkpoint_every"),
+        ({"consistency": "ssp", "staleness": 0}, "staleness bound >= 1"),
+        ({"servers": 0}, "servers must be an int >= 1"),
+    ],
+)
+def test_bad_settings_say_what_to_change(kwargs: dict[str, object], match: str) -> None:
+    with pytest.raises(PSConfigError, match=match) as info:
+        PSConfig(**kwargs)  # type: ignore[arg-type]
+    assert isinstance(info.value, CrashsafeError)
+
+
+def test_failure_must_name_a_victim() -> None:
+    with pytest.raises(PSConfigError, match="at least one server or worker"):
+        Failure(clock=3)
