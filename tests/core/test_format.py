@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections.abc import Callable
@@ -11,9 +12,20 @@ from typing import Any
 import numpy as np
 import pytest
 import xxhash
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import crashsafe as cs
-from crashsafe.format.manifest import FORMAT_VERSION, MANIFEST_NAME, _canonical
+from crashsafe.format.manifest import (
+    FORMAT_VERSION,
+    MANIFEST_NAME,
+    Manifest,
+    PayloadEntry,
+    _canonical,
+    dumps,
+    loads,
+)
+from crashsafe.state.tree import flatten
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "crashsafe"
 
@@ -105,3 +117,61 @@ def test_manifest_is_plain_json_documenting_each_payload(tmp_path: Path) -> None
     raw = (tmp_path / "step_000000000001" / "data.bin").read_bytes()
     assert raw[entry["offset"] : entry["offset"] + 24] == np.arange(6, dtype="<f4").tobytes()
     assert xxhash.xxh3_64_hexdigest(raw[:24]) == entry["xxh3"]
+
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=6),
+    lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=6), kids, max_size=3),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_fuzzed_manifests_raise_only_corrupt_checkpoint_error(data: st.DataObject) -> None:
+    """Random re-signed edits anywhere in a real manifest: valid, or CorruptCheckpointError, never a crash."""
+    body = json.loads(_VALID.decode())
+    body.pop("checksum")
+    node: Any = body
+    for _ in range(data.draw(st.integers(0, 4))):
+        if isinstance(node, dict) and node:
+            key = data.draw(st.sampled_from(sorted(node, key=str)))
+            if data.draw(st.booleans()):
+                node[key] = data.draw(json_values)
+                break
+            node = node[key]
+        elif isinstance(node, list) and node:
+            idx = data.draw(st.integers(0, len(node) - 1))
+            if data.draw(st.booleans()):
+                node[idx] = data.draw(json_values)
+                break
+            node = node[idx]
+    body["checksum"] = xxhash.xxh3_64_hexdigest(_canonical(body))
+    with contextlib.suppress(cs.CorruptCheckpointError):
+        loads(json.dumps(body).encode())
+
+
+@settings(max_examples=200, deadline=None)
+@given(blob=st.binary(max_size=300))
+def test_random_bytes_are_never_a_manifest(blob: bytes) -> None:
+    with pytest.raises(cs.CorruptCheckpointError):
+        loads(blob)
+
+
+def _valid_manifest() -> bytes:
+    state = {"w": np.arange(4.0), "opt": {0: {"m": np.zeros(2)}}, "lr": 0.1, "name": "x", "t": (1, None)}
+    tree, leaves = flatten(state)
+    entries = [
+        PayloadEntry(
+            leaf.path, leaf.kind, leaf.dtype, leaf.shape, "data.bin", 0, leaf.nbytes, "0" * 16, {"id": "raw"}
+        )
+        for leaf in leaves
+    ]
+    return dumps(Manifest(1, 0.0, tree, tuple(entries), {"data.bin": 64}))
+
+
+_VALID = _valid_manifest()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +54,7 @@ class PayloadEntry:
     nbytes: int
     xxh3: str
     codec: dict[str, Any]
+    base: int | None = None  # a delta codec's payload: the earlier step it is a delta against
 
     @property
     def raw_nbytes(self) -> int:
@@ -60,7 +62,7 @@ class PayloadEntry:
         return math.prod(self.shape) * DTYPES[self.dtype].itemsize
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        body = {
             "path": self.path,
             "kind": self.kind,
             "dtype": self.dtype,
@@ -71,6 +73,9 @@ class PayloadEntry:
             "xxh3": self.xxh3,
             "codec": self.codec,
         }
+        if self.base is not None:
+            body["base"] = self.base
+        return body
 
 
 @dataclass(frozen=True)
@@ -162,6 +167,11 @@ def _bad(where: str, what: str) -> CorruptCheckpointError:
     return CorruptCheckpointError(f"{where} {what}")
 
 
+def _member(value: object, allowed: Collection[str]) -> bool:
+    """``value in allowed`` for untrusted values (a list would make ``in`` raise TypeError)."""
+    return isinstance(value, str) and value in allowed
+
+
 def _int(value: object, what: str, where: str, minimum: int = 0) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise _bad(where, f"has invalid {what}: {value!r}")
@@ -190,7 +200,7 @@ def _validate(body: dict[str, Any], where: str) -> Manifest:
             raise _bad(where, str(exc)) from None
     if not isinstance(body["payloads"], list):
         raise _bad(where, "has an invalid payload table")
-    payloads = tuple(_payload(p, files, where) for p in body["payloads"])
+    payloads = tuple(_payload(p, files, step, where) for p in body["payloads"])
     tree = body["tree"]
     used: set[int] = set()
     _validate_tree(tree, len(payloads), used, 0, where)
@@ -199,24 +209,24 @@ def _validate(body: dict[str, Any], where: str) -> Manifest:
     return Manifest(step, float(created), tree, payloads, files, body["metrics"], body["info"])
 
 
-def _payload(raw: object, files: dict[str, int], where: str) -> PayloadEntry:
+def _payload(raw: object, files: dict[str, int], step: int, where: str) -> PayloadEntry:
     fields = {"path", "kind", "dtype", "shape", "file", "offset", "nbytes", "xxh3", "codec"}
-    if not isinstance(raw, dict) or set(raw) != fields:
+    if not isinstance(raw, dict) or set(raw) - {"base"} != fields:
         raise _bad(where, f"has a malformed payload entry {str(raw)[:200]}")
     path = raw["path"]
     if not isinstance(path, str):
         raise _bad(where, "has a payload with a non-string path")
     at = f"payload '{path}'"
-    if raw["kind"] not in LEAF_KINDS:
+    if not _member(raw["kind"], LEAF_KINDS):
         raise _bad(where, f"{at}: unknown kind {raw['kind']!r}")
-    if raw["dtype"] not in DTYPES:
+    if not _member(raw["dtype"], DTYPES):
         raise _bad(where, f"{at}: unknown dtype {raw['dtype']!r}")
     shape = raw["shape"]
     if not isinstance(shape, list) or len(shape) > MAX_NDIM:
         raise _bad(where, f"{at}: invalid shape {shape!r}")
     dims = tuple(_int(d, f"{at} dimension", where) for d in shape)
     file = raw["file"]
-    if file not in files:
+    if not _member(file, files):
         raise _bad(where, f"{at}: refers to file {file!r} that is not in the file table")
     offset = _int(raw["offset"], f"{at} offset", where)
     nbytes = _int(raw["nbytes"], f"{at} size", where)
@@ -227,7 +237,10 @@ def _payload(raw: object, files: dict[str, int], where: str) -> PayloadEntry:
     codec = raw["codec"]
     if not isinstance(codec, dict) or not isinstance(codec.get("id"), str):
         raise _bad(where, f"{at}: invalid codec config {codec!r}")
-    return PayloadEntry(path, raw["kind"], raw["dtype"], dims, file, offset, nbytes, raw["xxh3"], codec)
+    base = _int(raw["base"], f"{at} base step", where) if "base" in raw else None
+    if base is not None and base >= step:
+        raise _bad(where, f"{at}: is a delta against step {base}, which is not earlier than step {step}")
+    return PayloadEntry(path, raw["kind"], raw["dtype"], dims, file, offset, nbytes, raw["xxh3"], codec, base)
 
 
 _NODE_FIELDS: dict[str, set[str]] = {
@@ -248,7 +261,7 @@ _SCALAR_TYPES: dict[str, type] = {"bool": bool, "int": str, "float": str, "str":
 def _validate_tree(node: object, n_payloads: int, used: set[int], depth: int, where: str) -> None:
     if depth > MAX_TREE_DEPTH:
         raise _bad(where, f"has a state tree deeper than {MAX_TREE_DEPTH}")
-    if not isinstance(node, dict) or node.get("t") not in _NODE_FIELDS:
+    if not isinstance(node, dict) or not isinstance(node.get("t"), str) or node["t"] not in _NODE_FIELDS:
         raise _bad(where, f"has an invalid tree node {str(node)[:200]}")
     t = node["t"]
     if set(node) != _NODE_FIELDS[t]:
