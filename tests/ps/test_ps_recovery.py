@@ -26,8 +26,15 @@ def cfg(**kw: Any) -> PSConfig:
 
 def baseline(job: PSJob, config: PSConfig) -> RunResult:
     """The failure-free run of ``config`` (FreeLauncher bookkeeping does not change the math)."""
-    key = cfg(**{**config.to_dict(), "mode": "none", "replicas": 1, "checkpoint_dir": None,
-                 "checkpoint_every": None})
+    key = cfg(
+        **{
+            **config.to_dict(),
+            "mode": "none",
+            "replicas": 1,
+            "checkpoint_dir": None,
+            "checkpoint_every": None,
+        }
+    )
     name = json.dumps(key.to_dict(), sort_keys=True)
     if name not in _baselines:
         _baselines[name] = job.run(config=key)
@@ -72,7 +79,9 @@ def test_every_ray_node_is_loopback(job: PSJob, ray_session: dict[str, str]) -> 
         ("mf", "sgd", "ray", "before_apply"),
     ],
 )
-def test_one_server_failure_is_bit_exact(job: PSJob, workload: str, optimizer: str, how: str, phase: str) -> None:
+def test_one_server_failure_is_bit_exact(
+    job: PSJob, workload: str, optimizer: str, how: str, phase: str
+) -> None:
     config = cfg(workload=workload, optimizer=optimizer, replicas=2)
     clean = baseline(job, config)
     failed = job.run([Failure(clock=7, servers=(1,), how=how, phase=phase)], config=config)
@@ -88,7 +97,10 @@ def test_k_minus_1_simultaneous_server_failures_are_bit_exact(job: PSJob) -> Non
     config = cfg(workload="sparse_lr", optimizer="adagrad", replicas=3)
     clean = baseline(job, config)
     failed = job.run(
-        [Failure(clock=5, servers=(0, 1), how="sigkill"), Failure(clock=10, servers=(0, 1), phase="before_apply")],
+        [
+            Failure(clock=5, servers=(0, 1), how="sigkill"),
+            Failure(clock=10, servers=(0, 1), phase="before_apply"),
+        ],
         config=config,
     )
     assert [r.servers for r in failed.recoveries] == [[0, 1], [0, 1]]
@@ -156,8 +168,9 @@ def test_dead_worker_is_relaunched_and_rejoins(job: PSJob, how: str) -> None:
 
 @pytest.mark.timeout(180)
 def test_baselines_roll_back_and_recompute(job: PSJob, tmp_path: Path) -> None:
-    config = cfg(workload="mf", optimizer="sgd", mode="checkpoint", checkpoint_dir=str(tmp_path),
-                 checkpoint_every=4)
+    config = cfg(
+        workload="mf", optimizer="sgd", mode="checkpoint", checkpoint_dir=str(tmp_path), checkpoint_every=4
+    )
     clean = baseline(job, config)
     ckpt = job.run([Failure(clock=10, servers=(0,), how="sigkill")], config=config)
     (event,) = ckpt.recoveries
@@ -166,7 +179,9 @@ def test_baselines_roll_back_and_recompute(job: PSJob, tmp_path: Path) -> None:
     assert_identical(ckpt, clean)
     assert CheckpointManager(tmp_path / "server0", read_only=True).steps()  # shards really hit the disk
 
-    scratch = job.run([Failure(clock=6, servers=(1,))], config=cfg(workload="mf", optimizer="sgd", mode="none"))
+    scratch = job.run(
+        [Failure(clock=6, servers=(1,))], config=cfg(workload="mf", optimizer="sgd", mode="none")
+    )
     (event,) = scratch.recoveries
     assert (event.kind, event.recomputed_clocks) == ("restart", 7)
     assert_identical(scratch, clean)

@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from crashsafe.errors import CrashsafeError
-from crashsafe.ps import Failure, PSConfig, PSConfigError, ServerRecoveringError
-from crashsafe.ps import optim
+from crashsafe.ps import Failure, PSConfig, PSConfigError, ServerRecoveringError, optim
 from crashsafe.ps.layout import BlockLayout, TableSpec
+from crashsafe.ps.messages import empty_copy
 from crashsafe.ps.server import ServerShard
 from crashsafe.ps.workloads import make_workload
 from crashsafe.ps.workloads.sparse_lr import hash_features
@@ -58,8 +58,13 @@ def _push(shard: ServerShard, worker: int, clock: int, rows: list[int]) -> dict[
 
 
 def _shard(replicas: int) -> ServerShard:
-    config = PSConfig(workload="sparse_lr", servers=1, workers=3, replicas=replicas,
-                      workload_options={"buckets": 64, "block_rows": 8, "samples": 64})
+    config = PSConfig(
+        workload="sparse_lr",
+        servers=1,
+        workers=3,
+        replicas=replicas,
+        workload_options={"buckets": 64, "block_rows": 8, "samples": 64},
+    )
     return ServerShard(config.to_dict(), 0, restarted=False)
 
 
@@ -100,11 +105,12 @@ def test_rebuilt_shard_refuses_traffic_and_replays_in_worker_order() -> None:
     rebuilt.recovering = True
     with pytest.raises(ServerRecoveringError, match="rebuilding its shard"):
         rebuilt.pull(0, blocks)
-    empty = {"blocks": np.zeros(0, np.int64), "ver": np.zeros(0, np.int64), "v": np.zeros(0, np.float32),
-             "s": np.zeros((1, 0), np.float32), "applied": np.zeros((0, 3), np.int64), "n": np.zeros(0, np.int64)}
-    reports = [{"w": 0, "cache": cache, "replica": empty, "retained": [pushes[1]]},
-               {"w": 1, "cache": empty, "replica": empty, "retained": [pushes[2]]},
-               {"w": 2, "cache": empty, "replica": empty, "retained": [pushes[0]]}]
+    empty = empty_copy(n_state=1, workers=3)
+    reports = [
+        {"w": 0, "cache": cache, "replica": empty, "retained": [pushes[1]]},
+        {"w": 1, "cache": empty, "replica": empty, "retained": [pushes[2]]},
+        {"w": 2, "cache": empty, "replica": empty, "retained": [pushes[0]]},
+    ]
     out = rebuilt.recover(0, live.n_applied.astype(np.int32), *reports)
     assert out["missing"].size == 0 and out["replayed"] == 3 and not rebuilt.recovering
     assert rebuilt.slabs[0].tobytes() == live.slabs[0].tobytes()
