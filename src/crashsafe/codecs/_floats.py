@@ -62,12 +62,11 @@ class FloatFormat:
 
     def isfinite(self, x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         """Finite-ness of storage values."""
-        out: np.ndarray[Any, Any]
         if self.name == "bfloat16":
-            out = (x & np.uint16(0x7F80)) != np.uint16(0x7F80)
-        else:
-            out = np.isfinite(x)
-        return out
+            finite_bf16: np.ndarray[Any, Any] = np.not_equal(x & np.uint16(0x7F80), np.uint16(0x7F80))
+            return finite_bf16
+        finite: np.ndarray[Any, Any] = np.isfinite(x)
+        return finite
 
 
 _FORMATS = (

@@ -209,12 +209,12 @@ def read_stream(
     entries = np.empty((steps, nlanes), dtype=np.int64)
     for i in range(steps):
         np.right_shift(pos, 3, out=tmp)
-        np.take(windows, tmp, out=window, mode="clip")
+        windows.take(tmp, out=window, mode="clip")
         np.bitwise_and(pos, 7, out=tmp)
         np.right_shift(window, tmp, out=window)
         np.bitwise_and(window, mask, out=window)
         row = entries[i]
-        np.take(lut, window, out=row, mode="clip")
+        lut.take(window, out=row, mode="clip")
         np.right_shift(row, 24, out=tmp)
         np.add(pos, tmp, out=pos)
     ends_ok = pos[-1] == nbits and np.array_equal(pos[:-2], starts[1:-1])

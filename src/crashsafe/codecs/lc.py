@@ -29,7 +29,8 @@ __all__ = ["LC"]
 
 MAGIC = b"CSLC"
 VERSION = 1
-BLOCK = 1 << 20  # elements per block: bounds temporary memory; one token stream each
+BLOCK = 1 << 22  # elements per block: one token stream each, bounds the tokens held at once
+_CHUNK = 1 << 16  # elements per elementwise step: temporaries stay in cache and get reused
 _FULL, _DELTA = 0, 1
 _REPS = ("midrange", "mean")
 _NO_TOKENS, _SAME_TABLE, _NEW_TABLE = 0, 1, 2
@@ -101,30 +102,14 @@ class LC(DeltaCodec):
         out.array(buckets.reps)
         extras = zeroruns.alphabet(min(BLOCK, u.size), k) if k else None
         table = reference.memo if isinstance(reference.memo, HuffmanTable) else None
-        absmask = fmt.bits.type(np.iinfo(fmt.bits).max >> 1)
-        threshold = fmt.bits.type(buckets.threshold)
         for start in range(0, u.size, BLOCK):
             ub, rb = u[start : start + BLOCK], r[start : start + BLOCK]
-            d = fmt.delta(ub, rb)
-            pos = vals = np.empty(0, dtype=np.int64)
-            if k:
-                dbits = d.view(fmt.bits)
-                cand = np.flatnonzero((dbits & absmask) >= threshold)
-                sym = buckets.symbol[dbits[cand] >> fmt.mantissa]
-                hit = np.flatnonzero(sym)
-                pos, vals = cand[hit], sym[hit]
-                if pos.size:
-                    rb[pos] = fmt.from_compute(fmt.to_compute(rb[pos]) + buckets.reps[vals - 1])
-            bad = [pos[~fmt.isfinite(rb[pos])]]
-            if buckets.nonfinite:
-                bad.append(np.flatnonzero(~np.isfinite(d)))
-            exceptions = np.unique(np.concatenate(bad))
+            pos, vals, exceptions = _quantize_block(ub, rb, buckets, fmt)
             if pos.size:
                 assert extras is not None
                 table = _write_tokens(out, pos, vals, k, extras, table)
             else:
                 out.u8(_NO_TOKENS)
-            rb[exceptions] = ub[exceptions]
             out.u32(exceptions.size)
             out.array(exceptions.astype(np.uint32))
             out.array(ub[exceptions])
@@ -138,8 +123,8 @@ class LC(DeltaCodec):
         inv_bottom = np.zeros(nkeys, dtype=fmt.bits)
         sums = np.zeros(nkeys, dtype=np.float64)
         counts = np.zeros(nkeys, dtype=np.int64)
-        for start in range(0, u.size, BLOCK):
-            d = fmt.delta(u[start : start + BLOCK], r[start : start + BLOCK])
+        for start in range(0, u.size, _CHUNK):
+            d = fmt.delta(u[start : start + _CHUNK], r[start : start + _CHUNK])
             dbits = d.view(fmt.bits)
             key = (dbits >> fmt.mantissa).astype(np.intp)
             np.maximum.at(top, key, dbits)
@@ -225,6 +210,37 @@ class LC(DeltaCodec):
         src.done()
         reference.memo = table
         return reference
+
+
+def _quantize_block(
+    ub: np.ndarray[Any, Any], rb: np.ndarray[Any, Any], buckets: _Buckets, fmt: FloatFormat
+) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """Pass 2 on one block: symbols (positions, values), exceptions; updates ``rb`` like a decoder."""
+    absmask = fmt.bits.type(np.iinfo(fmt.bits).max >> 1)
+    threshold = fmt.bits.type(buckets.threshold)
+    k = buckets.reps.size
+    positions, values, exceptions = [], [], []
+    for start in range(0, ub.size, _CHUNK):
+        uc, rc = ub[start : start + _CHUNK], rb[start : start + _CHUNK]
+        d = fmt.delta(uc, rc)
+        pos = vals = np.empty(0, dtype=np.int64)
+        if k:
+            dbits = d.view(fmt.bits)
+            cand = np.flatnonzero((dbits & absmask) >= threshold)
+            sym = buckets.symbol[dbits[cand] >> fmt.mantissa]
+            hit = np.flatnonzero(sym)
+            pos, vals = cand[hit], sym[hit]
+            if pos.size:
+                rc[pos] = fmt.from_compute(fmt.to_compute(rc[pos]) + buckets.reps[vals - 1])
+        bad = [pos[~fmt.isfinite(rc[pos])]]
+        if buckets.nonfinite:
+            bad.append(np.flatnonzero(~np.isfinite(d)))
+        exc = np.unique(np.concatenate(bad))
+        rc[exc] = uc[exc]
+        positions.append(pos + start)
+        values.append(vals)
+        exceptions.append(exc + start)
+    return np.concatenate(positions), np.concatenate(values), np.concatenate(exceptions)
 
 
 def _write_tokens(
