@@ -16,7 +16,7 @@ import signal
 import threading
 import time
 import warnings
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping, MutableMapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from crashsafe.codecs.base import Codec
+from crashsafe.chain import protected_steps, read_step
+from crashsafe.codecs.base import BytesLike, Codec, DeltaCodec, Reference
 from crashsafe.codecs.registry import get_codec
 from crashsafe.errors import (
     CheckpointExistsError,
@@ -45,7 +46,6 @@ from crashsafe.state.staging import StagingPool, view_bytes
 from crashsafe.state.tree import ArrayLeaf, flatten
 from crashsafe.storage.layout import committed_steps, leftovers
 from crashsafe.storage.lock import WriterLock
-from crashsafe.storage.reader import StepReader
 from crashsafe.storage.writer import StepWriter, delete_step, remove_leftovers, storage_error
 
 __all__ = ["CheckpointManager", "CodecSpec", "SaveStats"]
@@ -73,7 +73,12 @@ class CheckpointManager:
         keep_last: keep the newest N committed steps (None keeps all).
         keep_every: also keep every step that is a multiple of this.
         async_save: persist in a background thread after a memcpy snapshot.
-        codec: one codec (``"raw"``, ``"zstd"``, a Codec) or ``{glob: codec}`` by state path.
+        codec: one codec (``"raw"``, ``"zstd"``, a Codec) or ``{glob: codec}`` by state path, most
+            specific pattern first. Lossy codecs (``LC``, ``Scar``, ``TopN``) only take float
+            tensors; other leaves fall through to the next matching pattern, else ``raw``. Delta
+            codecs (``Incremental``, ``LC``, ...) encode against the previous save of the same
+            path, which the manager keeps in memory; the first save after start is a full one.
+        lossless: glob patterns of state paths that never get a lossy codec.
         policy: decides ``maybe_save``; default saves at every call.
         read_only: open for reading only (no lock; save is refused).
         save_on_sigterm: on SIGTERM, the next ``save``/``maybe_save`` commits, then exits (143).
@@ -87,6 +92,7 @@ class CheckpointManager:
         keep_every: int | None = None,
         async_save: bool = True,
         codec: CodecSpec = None,
+        lossless: Sequence[str] = (),
         policy: SavePolicy | None = None,
         read_only: bool = False,
         save_on_sigterm: bool = False,
@@ -99,6 +105,9 @@ class CheckpointManager:
         self.read_only = read_only
         self.policy: SavePolicy = policy if policy is not None else EverySteps(1)
         self._codecs = _parse_codecs(codec)
+        self._lossless = _parse_patterns(lossless)
+        self._tracks: dict[str, _Track] = {}  # per delta-coded path: what its next delta is against
+        self._bases: dict[int, dict[str, int]] = {}  # step -> {path: base step} of its deltas (cache)
         self._lock: WriterLock | None = None
         self._pool = StagingPool() if async_save else None
         self._executor: ThreadPoolExecutor | None = None
@@ -224,11 +233,17 @@ class CheckpointManager:
     ) -> SaveStats:
         begin = time.perf_counter()
         writer = StepWriter(self.directory, step)
+        tracks: dict[str, _Track] = {}
         try:
             entries = []
             for leaf, array in zip(leaves, arrays, strict=True):
                 codec = self._codec_for(leaf)
-                file, offset, nbytes, digest = writer.write_payload(codec.encode(array))
+                base = None
+                if isinstance(codec, DeltaCodec):
+                    payload, base, tracks[leaf.path] = self._encode_delta(codec, leaf, array, step)
+                else:
+                    payload = codec.encode(array)
+                file, offset, nbytes, digest = writer.write_payload(payload)
                 entries.append(
                     PayloadEntry(
                         leaf.path,
@@ -240,6 +255,7 @@ class CheckpointManager:
                         nbytes,
                         digest,
                         codec.get_config(),
+                        base,
                     )
                 )
             manifest = Manifest(
@@ -254,22 +270,52 @@ class CheckpointManager:
             writer.commit(manifest)
         except BaseException:
             writer.abort()
+            self._tracks = {}  # references were advanced in place for a step that never committed
             raise
+        self._tracks = tracks
+        self._bases[step] = {e.path: e.base for e in entries if e.base is not None}
         persisted = time.perf_counter() - begin  # durable and committed; retention comes after
         self._apply_retention()
         return SaveStats(step, stall, persisted, manifest.raw_nbytes, manifest.stored_nbytes)
 
     def _codec_for(self, leaf: ArrayLeaf) -> Codec:
+        exact = (
+            leaf.dtype not in FLOAT_DTYPES
+            or leaf.kind == "bytes"
+            or any(fnmatch.fnmatchcase(leaf.path, pattern) for pattern in self._lossless)
+        )
         for pattern, codec in self._codecs:
             if fnmatch.fnmatchcase(leaf.path, pattern):
-                if codec.lossy and (leaf.dtype not in FLOAT_DTYPES or leaf.kind == "bytes"):
+                if codec.lossy and exact:
                     continue
                 return codec
         return get_codec("raw")
 
+    def _encode_delta(
+        self, codec: DeltaCodec, leaf: ArrayLeaf, array: np.ndarray[Any, Any], step: int
+    ) -> tuple[BytesLike, int | None, _Track]:
+        """Encode against the path's previous save if its chain may grow, else start a new chain."""
+        track = self._tracks.get(leaf.path)
+        if (
+            track is not None
+            and track.codec == codec
+            and (track.dtype, track.shape) == (leaf.dtype, leaf.shape)
+            and track.length < codec.full_every
+        ):
+            payload, reference = codec.encode_delta(array, track.reference)
+            grown = _Track(codec, leaf.dtype, leaf.shape, step, track.length + 1, reference)
+            return payload, track.step, grown
+        payload, reference = codec.encode_delta(array, None)
+        return payload, None, _Track(codec, leaf.dtype, leaf.shape, step, 1, reference)
+
     def _apply_retention(self) -> None:
-        for step in steps_to_delete(committed_steps(self.directory), self.keep_last, self.keep_every):
+        """Delete what the retention policy drops, except steps a kept step's delta chain needs."""
+        steps = committed_steps(self.directory)
+        dropped = set(steps_to_delete(steps, self.keep_last, self.keep_every))
+        needed = protected_steps(self.directory, [s for s in steps if s not in dropped], self._bases)
+        for step in steps_to_delete(steps, self.keep_last, self.keep_every, needed):
             delete_step(self.directory, step)
+            self._bases.pop(step, None)
 
     def _wait_pending(self) -> None:
         pending, step = self._pending, self._pending_step
@@ -372,13 +418,15 @@ class CheckpointManager:
 
     def _read(self, step: int, numpy: bool) -> dict[str, Any]:
         try:
-            with StepReader(self.directory, step) as reader:
-                manifest = reader.manifest
-                values = [to_value(e.kind, e.dtype, reader.read(e), numpy) for e in manifest.payloads]
+            manifest, arrays = read_step(self.directory, step)
+        except CorruptCheckpointError:
+            self._tracks = {}  # never append deltas to a chain that may hold damage: next save is full
+            raise
         except OSError as exc:
             if isinstance(exc, CrashsafeError):
                 raise
             raise storage_error(exc, f"reading step {step} from {self.directory}") from None
+        values = [to_value(e.kind, e.dtype, a, numpy) for e, a in zip(manifest.payloads, arrays, strict=True)]
         state = unflatten(manifest.tree, values)
         if not isinstance(state, dict):
             raise CorruptCheckpointError(f"step {step}: the saved state is not a dict")
@@ -432,6 +480,24 @@ class CheckpointManager:
 
     def __repr__(self) -> str:
         return f"CheckpointManager({str(self.directory)!r}, steps={self.steps()})"
+
+
+@dataclass
+class _Track:
+    """One delta-coded path: the committed ``step`` whose reconstruction ``reference`` holds."""
+
+    codec: DeltaCodec
+    dtype: str
+    shape: tuple[int, ...]
+    step: int
+    length: int  # saves in the chain so far, the full one included
+    reference: Reference
+
+
+def _parse_patterns(patterns: Sequence[str]) -> tuple[str, ...]:
+    if isinstance(patterns, str) or not all(isinstance(p, str) for p in patterns):
+        raise TypeError(f"lossless must be a list of glob patterns, got {patterns!r}")
+    return tuple(patterns)
 
 
 def _parse_codecs(spec: CodecSpec) -> list[tuple[str, Codec]]:
