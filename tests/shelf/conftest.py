@@ -29,6 +29,15 @@ def child_env(**extra: str) -> dict[str, str]:
     return env
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _one_blas_thread() -> Iterator[None]:
+    """Small matrices on a busy 2-core machine: threaded BLAS only spins; one thread is faster."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=1):
+        yield
+
+
 @pytest.fixture
 def shm_dir() -> Iterator[Path]:
     """A fresh directory on /dev/shm (tmpfs), removed afterwards."""
