@@ -98,7 +98,7 @@ def ls_cmd(directory: Dir) -> None:
 
 @app.command("show")
 def show_cmd(directory: Dir, step: StepOpt = None) -> None:
-    """Show the tensors of a step: path, dtype, shape, codec, bytes."""
+    """Show the tensors of a step: path, dtype, shape, codec (and delta base), bytes, ratio."""
     from crashsafe.manager import CheckpointManager
 
     try:
@@ -107,8 +107,8 @@ def show_cmd(directory: Dir, step: StepOpt = None) -> None:
     except CrashsafeError as exc:
         raise _fail(str(exc)) from None
     table = Table(title=f"{directory} step {manifest.step}")
-    for col in ("path", "kind", "dtype", "shape", "codec", "raw", "stored", "ratio"):
-        table.add_column(col, justify="right" if col in ("raw", "stored", "ratio") else "left")
+    for col in ("path", "kind", "dtype", "shape", "codec", "delta of", "raw", "stored", "ratio"):
+        table.add_column(col, justify="right" if col in ("delta of", "raw", "stored", "ratio") else "left")
     for p in manifest.payloads:
         ratio = f"{p.raw_nbytes / p.nbytes:.2f}x" if p.nbytes else "-"
         codec = ",".join(f"{k}={v}" for k, v in p.codec.items() if k != "id")
@@ -118,6 +118,7 @@ def show_cmd(directory: Dir, step: StepOpt = None) -> None:
             p.dtype,
             "x".join(map(str, p.shape)) or "()",
             p.codec["id"] + (f"({codec})" if codec else ""),
+            "-" if p.base is None else f"step {p.base}",
             human_bytes(p.raw_nbytes),
             human_bytes(p.nbytes),
             ratio,
