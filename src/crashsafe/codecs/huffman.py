@@ -25,6 +25,7 @@ __all__ = ["LANE", "MAX_LEN", "HuffmanTable", "read_stream", "write_stream"]
 MAX_LEN = 15
 LANE = 1024
 _BAD = 0xFFFF
+_SEEN_WEIGHT = 10  # a seen token weighs 2**10 unseen ones when codes are assigned
 
 
 def _reversal_table() -> np.ndarray[Any, Any]:
@@ -92,10 +93,17 @@ class HuffmanTable:
 
     @classmethod
     def build(cls, freq: np.ndarray[Any, Any], extra: np.ndarray[Any, Any]) -> HuffmanTable:
-        """The length-limited Huffman table of token frequencies ``freq`` (at least one > 0)."""
-        used = np.flatnonzero(freq)
+        """A length-limited Huffman table for token frequencies ``freq`` (at least one > 0).
+
+        Unseen tokens below the largest seen one get a long code too (weight 1/1024 of a seen
+        token's), so the table stays usable for the next saves' streams at ~1% of code space.
+        """
+        top = int(np.flatnonzero(freq)[-1]) + 1
+        weights = np.zeros(freq.size, dtype=np.int64)
+        weights[:top] = np.where(freq[:top] > 0, freq[:top] << _SEEN_WEIGHT, 1)
+        used = np.flatnonzero(weights)
         lengths = np.zeros(freq.size, dtype=np.int64)
-        lengths[used] = 1 if used.size == 1 else _limited_lengths(freq, used)
+        lengths[used] = 1 if used.size == 1 else _limited_lengths(weights, used)
         return cls(lengths, extra)
 
     def cost(self, freq: np.ndarray[Any, Any]) -> int | None:
@@ -130,10 +138,14 @@ class HuffmanTable:
     def lut(self) -> np.ndarray[Any, Any]:
         """Next ``maxlen`` stream bits -> token | code length << 16 | code+extra length << 24."""
         lut = np.full(1 << self.maxlen, _BAD, dtype=np.int64)
-        for tok in np.flatnonzero(self.lengths).tolist():
-            length = int(self.lengths[tok])
-            entry = tok | (length << 16) | ((length + int(self.extra[tok])) << 24)
-            lut[int(self.codes[tok]) :: 1 << length] = entry
+        tokens = np.flatnonzero(self.lengths)
+        lengths = self.lengths[tokens]
+        copies = np.int64(1) << (self.maxlen - lengths)  # a code fills every index ending in it
+        first = np.cumsum(copies) - copies
+        nth = np.arange(int(copies.sum()), dtype=np.int64) - np.repeat(first, copies)
+        index = np.repeat(self.codes[tokens], copies) | (nth << np.repeat(lengths, copies))
+        entries = tokens | (lengths << 16) | ((lengths + self.extra[tokens]) << 24)
+        lut[index] = np.repeat(entries, copies)
         return lut
 
     def to_bytes(self) -> bytes:
@@ -142,7 +154,7 @@ class HuffmanTable:
         nibbles = np.zeros(used + used % 2, dtype=np.uint8)
         nibbles[:used] = self.lengths[:used]
         packed = nibbles[0::2] | (nibbles[1::2] << 4)
-        return used.to_bytes(4, "little") + zstandard.ZstdCompressor(level=19).compress(packed.data)
+        return used.to_bytes(4, "little") + zstandard.ZstdCompressor(level=9).compress(packed.data)
 
     @classmethod
     def from_bytes(cls, data: memoryview, extra: np.ndarray[Any, Any]) -> HuffmanTable:

@@ -29,7 +29,7 @@ __all__ = ["LC"]
 
 MAGIC = b"CSLC"
 VERSION = 1
-BLOCK = 1 << 22  # elements per block: one token stream each, bounds the tokens held at once
+BLOCK = 1 << 20  # elements per block: one token stream each, bounds the tokens held at once
 _CHUNK = 1 << 16  # elements per elementwise step: temporaries stay in cache and get reused
 _FULL, _DELTA = 0, 1
 _REPS = ("midrange", "mean")
@@ -87,7 +87,8 @@ class LC(DeltaCodec):
                 f"lc reference is {reference.array.dtype}{reference.array.shape}, the array "
                 f"{array.dtype}{array.shape}; start a new chain with a full payload"
             )
-        return self._encode_delta(array.reshape(-1), reference, fmt), reference
+        with np.errstate(all="ignore"):  # inf - inf, overflow: caught as exceptions, stored exactly
+            return self._encode_delta(array.reshape(-1), reference, fmt), reference
 
     def _encode_delta(self, u: np.ndarray[Any, Any], reference: Reference, fmt: FloatFormat) -> bytes:
         r = reference.array.reshape(-1)
@@ -201,7 +202,8 @@ class LC(DeltaCodec):
                     raise CodecError("lc payload refers to a code table it does not have")
                 tokens, extra = read_stream(src, table, rb.size)
                 pos, vals = zeroruns.from_tokens(tokens, extra, k, rb.size)
-                rb[pos] = fmt.from_compute(fmt.to_compute(rb[pos]) + reps[vals - 1])
+                with np.errstate(all="ignore"):  # an overflow here is repaired by an exception below
+                    rb[pos] = fmt.from_compute(fmt.to_compute(rb[pos]) + reps[vals - 1])
             count = src.u32()
             idx = src.array(np.uint32, count)
             if count and (idx[-1] >= rb.size or np.any(np.diff(idx.astype(np.int64)) <= 0)):

@@ -130,8 +130,8 @@ def _top_rows(
         return best_rows
     step = max(1, _CHUNK // max(u.shape[1], 1))
     for start in range(0, u.shape[0], step):
-        d = fmt.delta(u[start : start + step], r[start : start + step]).astype(np.float64)
-        with np.errstate(over="ignore", invalid="ignore"):
+        with np.errstate(all="ignore"):  # inf - inf and overflow rank as non-finite: first
+            d = fmt.delta(u[start : start + step], r[start : start + step]).astype(np.float64)
             score = np.square(d).sum(axis=1)
         score[~np.isfinite(score)] = np.inf
         moved = np.flatnonzero(score > 0)
