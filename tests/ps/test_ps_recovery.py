@@ -86,7 +86,7 @@ def test_one_server_failure_is_bit_exact(
     clean = baseline(job, config)
     failed = job.run([Failure(clock=7, servers=(1,), how=how, phase=phase)], config=config)
     assert [r.servers for r in failed.recoveries] == [[1]]
-    assert failed.recoveries[0].replayed_updates > 0  # the rebuilt shard really replayed retained updates
+    assert failed.recoveries[0].replayed_pushes > 0  # the rebuilt shard really replayed retained updates
     assert_lossless(failed)
     assert failed.updates_pushed == clean.updates_pushed
     assert_identical(failed, clean)

@@ -243,3 +243,6 @@ def demo_cmd(
 from crashsafe.cli.shelf import app as shelf_app  # noqa: E402 - registered after the core commands
 
 app.add_typer(shelf_app, name="shelf")
+from crashsafe.cli.ps import app as ps_app  # noqa: E402
+
+app.add_typer(ps_app, name="ps")

@@ -147,6 +147,7 @@ class PSJob:
         self._expected: list[NDArray[np.int32]] = [np.zeros(0, np.int32)] * cfg.servers
         self._completed = -1
         self._ack = -1
+        self._acks: list[tuple[int, list[tuple[int, Any]]]] = []
         self._open: list[tuple[Recovery, float, int]] = []
         self._kill_time: float | None = None
         self._relaunched: set[int] = set()
@@ -236,6 +237,7 @@ class PSJob:
         """End ``clock`` on every server that has not yet, deliver replicas, acknowledge, checkpoint."""
         import ray
 
+        deliveries: list[tuple[int, Any]] = []
         while True:
             todo = [s for s in range(self.cfg.servers) if self._ended[s] < clock]
             if not todo:
@@ -250,14 +252,15 @@ class PSJob:
                         raise
                     trouble = True
                     continue
-                self._deliver(out["replicas"])
+                deliveries += [(w, self.workers[w].replicate.remote(c)) for w, c in out["replicas"].items()]
                 self._ended[s], self._expected[s] = clock, out["counts"]
                 if self.cfg.ft:
                     self._result.version_bytes += int(out["counts"].nbytes)
             if trouble:
                 self._recover()
         self._completed = clock
-        self._ack = clock - 1
+        self._acks.append((clock - 1, deliveries))
+        self._settle_acks(block=self.cfg.consistency == "bsp")
         every = self.cfg.checkpoint_every
         if every is not None and (clock + 1) % every == 0:
             ray.get([s.save_checkpoint.remote(clock) for s in self.servers])
@@ -265,17 +268,28 @@ class PSJob:
         if self.on_clock is not None:
             self.on_clock(clock, self._result)
 
-    def _deliver(self, replicas: dict[int, Any]) -> None:
-        """Carry a server's replica pushes to the chosen workers and wait until they hold them."""
+    def _settle_acks(self, block: bool) -> None:
+        """Advance the acknowledged clock past every end of clock whose replicas workers now hold.
+
+        Under SSP this does not wait (workers keep running while replicas travel); an update is
+        acknowledged only once the copies that cover it are stored.
+        """
         import ray
 
-        for w, copy in replicas.items():
-            try:
-                self._result.replica_bytes += ray.get(self.workers[w].replicate.remote(copy))
-            except Exception as exc:
-                if not server_unavailable(exc):
-                    raise
-                self._worker_lost(w)
+        while self._acks:
+            ack, deliveries = self._acks[0]
+            refs = [ref for _, ref in deliveries]
+            if not block and refs and len(ray.wait(refs, num_returns=len(refs), timeout=0)[0]) < len(refs):
+                return
+            for w, ref in deliveries:
+                try:
+                    self._result.replica_bytes += ray.get(ref)
+                except Exception as exc:
+                    if not server_unavailable(exc):
+                        raise
+                    self._worker_lost(w)
+            self._ack = ack
+            self._acks.pop(0)
 
     # -- SSP: workers run ahead of the slowest by at most `staleness` clocks -----------------------
     def _run_ssp(self, start: int) -> None:
@@ -284,6 +298,7 @@ class PSJob:
         cfg = self.cfg
         self._done = [start - 1] * cfg.workers
         while min(self._done) < cfg.clocks - 1:
+            self._settle_acks(block=False)
             busy = {w for w, _ in self._inflight.values()}
             for w in range(cfg.workers):
                 nxt = self._done[w] + 1
@@ -370,6 +385,7 @@ class PSJob:
 
         while self._inflight:  # SSP: let running clocks finish (or fail) before touching servers
             self._collect(list(self._inflight))
+        self._settle_acks(block=True)
         begin = self._kill_time if self._kill_time is not None else time.perf_counter()
         self._kill_time = None
         bad = [s for s, rec in enumerate(self._statuses()) if rec]
@@ -392,7 +408,7 @@ class PSJob:
         for s in bad:
             reports = [self._report(w, s) for w in range(self.cfg.workers)]
             out = ray.get(self.servers[s].recover.remote(self._ended[s], self._expected[s], *reports))
-            event.replayed_updates += out["replayed"]
+            event.replayed_pushes += out["replayed"]
             if out["missing"].size:
                 missing[s] = out["missing"]
         if missing:
@@ -459,7 +475,7 @@ class PSJob:
         self._open.append((event, begin, self._completed))
         self._ended = [resume - 1] * self.cfg.servers
         self._expected = list(counts)
-        self._completed, self._ack = resume - 1, resume - 2
+        self._completed, self._ack, self._acks = resume - 1, resume - 2, []
         raise _Rewind(resume)
 
     def _close_recoveries(self) -> None:

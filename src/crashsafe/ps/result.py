@@ -14,10 +14,12 @@ __all__ = ["Recovery", "RunResult"]
 class Recovery:
     """One failure and how the job got over it.
 
-    ``kind``: ``"replica"`` (FreeLauncher rebuild, no rollback), ``"checkpoint"`` (rollback of every
+    ``kind``: ``"replica"`` (FreeLauncher rebuild, no rollback), ``"worker"`` (only workers were
+    relaunched), ``"checkpoint"`` (rollback of every
     server and worker to a checkpoint), ``"restart"`` (from scratch). ``seconds`` runs from the
     failure until the job again reached the progress it had then. ``recomputed_clocks`` are clocks
-    the whole job ran a second time; ``discarded_updates`` are applied block updates thrown away.
+    the whole job ran a second time; ``discarded_updates`` are applied block updates thrown away;
+    ``replayed_pushes`` are retained worker pushes a rebuilt server re-applied.
     """
 
     clock: int
@@ -27,7 +29,7 @@ class Recovery:
     seconds: float = float("nan")
     recomputed_clocks: int = 0
     discarded_updates: int = 0
-    replayed_updates: int = 0
+    replayed_pushes: int = 0
     message: str = ""
 
 
