@@ -1,7 +1,7 @@
 """Save policies (when to checkpoint) and retention (what to keep)."""
 
 from crashsafe.policies.base import All, Any, EverySeconds, EverySteps, SaveContext, SavePolicy
-from crashsafe.policies.coci import ConvergenceAware, coci_protected_loss, coci_schedule
+from crashsafe.policies.coci import ConvergenceAware, coci_protected_loss, coci_schedule, value_factor
 from crashsafe.policies.errors import FitError, PolicyError, PolicyWarning
 from crashsafe.policies.fitting import ExpFit, fit_exponential
 from crashsafe.policies.names import POLICY_NAMES, policy_from_name
@@ -32,5 +32,6 @@ __all__ = [
     "fit_exponential",
     "parse_duration",
     "policy_from_name",
+    "value_factor",
     "young_interval",
 ]

@@ -1,17 +1,21 @@
 """Convergence-aware checkpointing (COCI, FGCS 2024): protect the fast early progress densely.
 
 The policy profiles the checkpoint cost with one early save, fits the loss curve
-L(t) = exp(θ1·t + θ2) (t = training minutes, stalls excluded) and refits it every ``refit_every``
-steps on the samples since the last fit, rebuilding the schedule when |Δθ1| or |Δθ2| > 0.1. Two
-schedules:
+L(t) = exp(θ1·t + θ2) (t = training minutes, stalls excluded) and refits it on the samples since the
+last fit, every ``refit_every`` steps (COCI: 10,000) or, by default, each time the step count since the
+start has grown by half (refits spaced like the curve's own time scale). Two schedules:
 
 - ``"coci"``: COCI's published schedule, reproduced exactly: each checkpoint protects the same loss
   decrease pc = (1 − e^{θ1·ts})·(1/(2λ) − 1/(2θ1)) (minutes, per minute), at
-  t_i = (ln(L_now − i·pc) − θ2)/θ1 for i = 1..⌊L_now/pc⌋, and none after the last.
+  t_i = (ln(L_now − i·pc) − θ2)/θ1 for i = 1..⌊L_now/pc⌋, and none after the last. The schedule is
+  rebuilt when a refit moves |Δθ1| or |Δθ2| by more than ``refit_threshold`` (COCI: 0.1).
 - ``"value"`` (default): minimises checkpoint stalls plus the expected loss decrease that Poisson failures
-  roll back, with the loss priced at the job's mean convergence rate ρ. Over an interval τ starting at t
-  a failure loses ≈ r(t)·τ/2 of loss decrease (r = −dL/dt), so the optimum is Young's with the cost scaled
-  by ρ/r(t): τ(t) = τ_Daly·√(ρ/r(t)), kept within [τ_Daly/dense, τ_Daly·stretch].
+  roll back, a unit of loss priced at the job's mean convergence rate ρ (loss per second). Over an
+  interval τ from t a failure rolls back ≈ r(t)·τ/2 of loss decrease (r = −dL/dt), so the optimum is
+  Young's with the cost scaled by ρ/r(t): τ(t) = τ_Daly·√(ρ/r(t)), kept within
+  [τ_Daly/dense, τ_Daly·stretch]. ρ = (L₀ − L(H))/H over the horizon H, by default the time until the
+  current fit has made 95% of its remaining progress (now + ln 20/|θ1|); L₀ is the first fit's L(0).
+  Every refit is used at once (re-deriving τ costs nothing).
 
 Fallbacks, never an exception mid-training: before the first fit, when the fit fails, when the loss is
 missing or not finite, or when the fitted curve is not decreasing (COCI), the policy uses Daly's interval
@@ -34,9 +38,10 @@ from crashsafe.policies.measured import CostClock, check_mtbf
 from crashsafe.policies.units import parse_duration
 from crashsafe.policies.young_daly import daly_interval
 
-__all__ = ["ConvergenceAware", "coci_protected_loss", "coci_schedule", "value_interval"]
+__all__ = ["ConvergenceAware", "coci_protected_loss", "coci_schedule", "value_factor"]
 
 Schedule = Literal["value", "coci"]
+_HORIZON = math.log(20.0)  # e-folds until 95% of the remaining progress is made
 
 
 def coci_protected_loss(theta1: float, ts_min: float, failure_rate_per_min: float) -> float:
@@ -73,18 +78,22 @@ def coci_schedule(
     return times
 
 
-def value_interval(
-    fit: ExpFit, t_min: float, mean_rate: float, base: float, dense: float, stretch: float
+def value_factor(
+    fit: ExpFit, t_min: float, initial_loss: float, horizon_min: float | None, dense: float, stretch: float
 ) -> float:
-    """Seconds to the next checkpoint after one at ``t_min``: base·√(ρ/r(t)), clamped.
+    """τ/τ_Daly for a checkpoint at ``t_min``: √(ρ/r(t)) within [1/dense, stretch].
 
-    ``base`` is the time-optimal (Daly) interval, ``mean_rate`` ρ the price of a unit of loss decrease
-    in loss per minute; a curve that no longer decreases gets the sparsest interval, base·stretch.
+    ρ is the mean loss decrease per minute from ``initial_loss`` over the horizon (default: until the
+    fit has made 95% of its remaining progress); a curve that no longer decreases gets ``stretch``.
     """
     rate = fit.rate(t_min)
-    if not (rate > 0 and mean_rate > 0 and math.isfinite(rate)):
-        return base * stretch
-    return base * min(stretch, max(1.0 / dense, math.sqrt(mean_rate / rate)))
+    if not (rate > 0 and math.isfinite(rate)):
+        return stretch
+    horizon = t_min + _HORIZON / -fit.theta1 if horizon_min is None else horizon_min
+    mean_rate = (initial_loss - fit.loss(horizon)) / horizon if horizon > 0 else 0.0
+    if not mean_rate > 0:
+        return stretch
+    return min(stretch, max(1.0 / dense, math.sqrt(mean_rate / rate)))
 
 
 class ConvergenceAware:
@@ -96,10 +105,11 @@ class ConvergenceAware:
         metric: the metric holding the training loss (``maybe_save(..., metrics={"loss": l})``).
         cost, include_persist, profile_step: as for :class:`~crashsafe.policies.Young`.
         fit_step: first fit this many steps after the start (COCI: 50).
-        refit_every: refit on the samples since the last fit every this many steps (COCI: 10,000).
-        refit_threshold: rebuild when |Δθ1| or |Δθ2| exceeds it (θ1 per minute; COCI: 0.1).
-        horizon: training time over which ρ, the mean convergence rate, is taken (the length of an
-            exploratory job); None uses the time the first fitted curve needs to lose 95% of its loss.
+        refit_every: refit on the samples since the last fit every this many steps (COCI: 10,000);
+            None refits when the steps since the start have grown by half since the last fit.
+        refit_threshold: COCI rebuilds when |Δθ1| or |Δθ2| exceeds it (θ1 per minute; COCI: 0.1).
+        horizon: the job's expected training time (e.g. an exploratory budget), over which ρ is taken;
+            None: now plus the time the current fit needs for 95% of its remaining progress.
         dense, stretch: the value schedule stays within [τ_Daly/dense, τ_Daly·stretch].
         exact: use Daly's exact (Lambert-W) interval as the base.
     """
@@ -114,7 +124,7 @@ class ConvergenceAware:
         include_persist: bool = False,
         profile_step: int = 10,
         fit_step: int = 50,
-        refit_every: int = 10_000,
+        refit_every: int | None = None,
         refit_threshold: float = 0.1,
         horizon: float | str | None = None,
         dense: float = 4.0,
@@ -123,9 +133,12 @@ class ConvergenceAware:
     ) -> None:
         if schedule not in ("value", "coci"):
             raise PolicyError(f"schedule must be 'value' or 'coci', got {schedule!r}")
-        for name, value, low in (("fit_step", fit_step, 3), ("refit_every", refit_every, 1)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise PolicyError(f"{name} must be an int >= {low}, got {value!r}")
+        if isinstance(fit_step, bool) or not isinstance(fit_step, int) or fit_step < 3:
+            raise PolicyError(f"fit_step must be an int >= 3, got {fit_step!r}")
+        if refit_every is not None and (
+            isinstance(refit_every, bool) or not isinstance(refit_every, int) or refit_every < 1
+        ):
+            raise PolicyError(f"refit_every must be None or an int >= 1, got {refit_every!r}")
         for name, number in (("dense", dense), ("stretch", stretch)):
             if not (isinstance(number, (int, float)) and math.isfinite(number) and number >= 1):
                 raise PolicyError(f"{name} must be a finite number >= 1, got {number!r}")
@@ -141,7 +154,7 @@ class ConvergenceAware:
             raise PolicyError(f"horizon must be a positive finite duration, got {horizon!r}")
         self.dense, self.stretch, self.exact = float(dense), float(stretch), bool(exact)
         self.fit: ExpFit | None = None
-        self.mean_rate = 0.0
+        self.initial_loss = math.nan
         self.fallback: str | None = "no loss-curve fit yet"
         self.fits = 0
         self._times: list[float] = []
@@ -163,25 +176,18 @@ class ConvergenceAware:
             return self.clock.profile_due(context)
         self._maybe_fit(context.step, now, cost)
         last = self.clock.last_save(context)
-        if self.fallback is None and self.fit is not None:
-            if self.schedule == "coci":
-                return self._coci_due(now)
-            return now - last >= self.value_interval(last, cost)
-        return now - last >= daly_interval(cost, self.mtbf, self.exact)
+        if self.fallback is None and self.schedule == "coci":
+            return self._coci_due(now)
+        return now - last >= self.interval(last, cost)
 
-    def value_interval(self, t_save: float, cost: float) -> float:
-        """Seconds of training between a save at policy time ``t_save`` and the next (value schedule)."""
+    def interval(self, t_save: float, cost: float) -> float:
+        """Training seconds from a save at policy time ``t_save`` to the next (value schedule or Daly)."""
         base = daly_interval(cost, self.mtbf, self.exact)
-        if self.fit is None:
+        if self.fit is None or self.fallback is not None or self.schedule == "coci":
             return base
-        return value_interval(self.fit, t_save / 60.0, self.mean_rate, base, self.dense, self.stretch)
-
-    def _reference_rate(self, fit: ExpFit) -> float:
-        """ρ from the first fit: its mean loss decrease per minute over the horizon."""
-        if not fit.decreasing:
-            return 0.0
-        horizon_min = math.log(20.0) / -fit.theta1 if self.horizon is None else self.horizon / 60.0
-        return (fit.loss(0.0) - fit.loss(horizon_min)) / horizon_min
+        horizon = None if self.horizon is None else self.horizon / 60.0
+        factor = value_factor(self.fit, t_save / 60.0, self.initial_loss, horizon, self.dense, self.stretch)
+        return base * factor
 
     def _coci_due(self, now: float) -> bool:
         due = int(np.searchsorted(self._targets, now, side="right"))
@@ -209,7 +215,7 @@ class ConvergenceAware:
     def _maybe_fit(self, step: int, now: float, cost: float) -> None:
         if self._next_fit_step is None:
             origin = self.clock.origin_step or 0
-            self._next_fit_step = origin + (self.fit_step if self.fit is None else self.refit_every)
+            self._next_fit_step = origin + (self.fit_step if self.fit is None else self._refit_gap(origin))
         if self._needs_build:
             self._needs_build = False
             self._rebuild(now, cost)
@@ -223,19 +229,24 @@ class ConvergenceAware:
                 self._next_fit_step = step + self.fit_step
                 self._set_fallback(f"{exc}; retrying in {self.fit_step} steps")
             else:  # keep the previous fit
-                self._next_fit_step = step + self.refit_every
+                self._next_fit_step = step + self._refit_gap(step)
                 self._times.clear()
                 self._losses.clear()
             return
         self._times.clear()
         self._losses.clear()
         self.fits += 1
-        self._next_fit_step = step + self.refit_every
+        self._next_fit_step = step + self._refit_gap(step)
         if first:
-            self.mean_rate = self._reference_rate(fit)
-        if self.fit is None or fit.moved(self.fit, self.refit_threshold):
+            self.initial_loss = fit.loss(0.0)
+        if self.fit is None or self.schedule == "value" or fit.moved(self.fit, self.refit_threshold):
             self.fit = fit
             self._rebuild(now, cost)
+
+    def _refit_gap(self, step: int) -> int:
+        if self.refit_every is not None:
+            return self.refit_every
+        return max(self.fit_step, (step - (self.clock.origin_step or 0)) // 2)
 
     def _rebuild(self, now: float, cost: float) -> None:
         assert self.fit is not None
@@ -272,7 +283,7 @@ class ConvergenceAware:
         """Clock, cost and fit, so a restored job keeps its schedule (put the policy in the state)."""
         state: dict[str, Any] = self.clock.state_dict()
         if self.fit is not None:
-            state.update(theta1=self.fit.theta1, theta2=self.fit.theta2, mean_rate=self.mean_rate)
+            state.update(theta1=self.fit.theta1, theta2=self.fit.theta2, initial_loss=self.initial_loss)
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -280,10 +291,10 @@ class ConvergenceAware:
         self._times.clear()
         self._losses.clear()
         self._next_fit_step = None
-        values = [state.get(k) for k in ("theta1", "theta2", "mean_rate")]
+        values = [state.get(k) for k in ("theta1", "theta2", "initial_loss")]
         if all(isinstance(v, (int, float)) and math.isfinite(v) for v in values):
-            theta1, theta2, mean_rate = (float(v) for v in values)  # type: ignore[arg-type]
-            self.fit, self.mean_rate, self._needs_build = ExpFit(theta1, theta2), mean_rate, True
+            theta1, theta2, initial = (float(v) for v in values)  # type: ignore[arg-type]
+            self.fit, self.initial_loss, self._needs_build = ExpFit(theta1, theta2), initial, True
 
     def __repr__(self) -> str:
         return f"ConvergenceAware(mtbf={self.mtbf:g}, schedule={self.schedule!r})"
