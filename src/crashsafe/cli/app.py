@@ -246,3 +246,6 @@ app.add_typer(shelf_app, name="shelf")
 from crashsafe.cli.ps import app as ps_app  # noqa: E402
 
 app.add_typer(ps_app, name="ps")
+from crashsafe.cli.simulate import simulate_cmd  # noqa: E402
+
+app.command("simulate")(simulate_cmd)

@@ -38,8 +38,9 @@ def policy_from_name(
             return Daly(mtbf, restart=restart, cost=cost)
         if key == "daly-exact":
             return Daly(mtbf, restart=restart, cost=cost, exact=True)
-        if key == "coci":
-            return ConvergenceAware(mtbf, schedule="coci", cost=cost, **convergence)
+        if key == "coci":  # as published, with COCI's refit period of 10,000 iterations
+            options = {"refit_every": 10_000, **convergence}
+            return ConvergenceAware(mtbf, schedule="coci", cost=cost, **options)
         if key == "convergence":
             return ConvergenceAware(mtbf, schedule="value", cost=cost, **convergence)
         if key == "every":
