@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import uuid
@@ -44,9 +45,7 @@ def shm_dir() -> Iterator[Path]:
     path = SHM / f"crashsafe-shelf-test-{uuid.uuid4().hex[:12]}"
     path.mkdir()
     yield path
-    for child in path.iterdir():
-        child.unlink()
-    path.rmdir()
+    shutil.rmtree(path)
 
 
 @pytest.fixture(params=["shm", "disk"])
@@ -58,9 +57,7 @@ def any_dir(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path]:
     path = SHM / f"crashsafe-shelf-test-{uuid.uuid4().hex[:12]}"
     path.mkdir()
     yield path
-    for child in path.iterdir():
-        child.unlink()
-    path.rmdir()
+    shutil.rmtree(path)
 
 
 @pytest.fixture
@@ -74,6 +71,19 @@ def run_script() -> Callable[..., subprocess.CompletedProcess[str]]:
         )
 
     return run
+
+
+@pytest.fixture
+def workload() -> Callable[..., subprocess.Popen[str]]:
+    """Start ``python -m crashsafe.workloads.checkpoint_modes ARGS`` with piped text output."""
+
+    def start(*args: Any) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "crashsafe.workloads.checkpoint_modes", *map(str, args)],
+            env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+
+    return start
 
 
 class _States:
