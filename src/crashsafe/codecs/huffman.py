@@ -148,6 +148,11 @@ class HuffmanTable:
         lut[index] = np.repeat(entries, copies)
         return lut
 
+    @cached_property
+    def lut32(self) -> np.ndarray[Any, Any]:
+        """:attr:`lut` as int32 (entries fit in 30 bits; narrower is faster to gather)."""
+        return self.lut.astype(np.int32)
+
     def to_bytes(self) -> bytes:
         """Lengths as nibbles, zstd-compressed (alphabets are sparse)."""
         used = int(np.flatnonzero(self.lengths)[-1]) + 1
@@ -212,19 +217,19 @@ def read_stream(
     padded = np.zeros(nbytes + 16, dtype=np.uint8)
     padded[:nbytes] = src.array(np.uint8, nbytes)
     windows = np.ndarray((nbytes + 9,), dtype="<i8", buffer=padded, strides=(1,)).copy()
-    steps = min(count, LANE)
-    lut = table.lut
+    peek = np.empty((nbytes + 1, 8), dtype=np.int32)  # peek[p // 8, p % 8]: next maxlen bits at bit p
     mask = (1 << table.maxlen) - 1
-    pos = starts.copy()
-    tmp = np.empty(nlanes, dtype=np.int64)
-    window = np.empty(nlanes, dtype=np.int64)
-    entries = np.empty((steps, nlanes), dtype=np.int64)
+    for bit in range(8):
+        peek[:, bit] = (windows[: nbytes + 1] >> bit) & mask
+    peek = peek.reshape(-1)
+    steps = min(count, LANE)
+    lut = table.lut32
+    pos = starts.astype(np.int32)
+    tmp = np.empty(nlanes, dtype=np.int32)
+    window = np.empty(nlanes, dtype=np.int32)
+    entries = np.empty((steps, nlanes), dtype=np.int32)
     for i in range(steps):
-        np.right_shift(pos, 3, out=tmp)
-        windows.take(tmp, out=window, mode="clip")
-        np.bitwise_and(pos, 7, out=tmp)
-        np.right_shift(window, tmp, out=window)
-        np.bitwise_and(window, mask, out=window)
+        peek.take(pos, out=window, mode="clip")
         row = entries[i]
         lut.take(window, out=row, mode="clip")
         np.right_shift(row, 24, out=tmp)
@@ -234,7 +239,7 @@ def read_stream(
         ends_ok = ends_ok and pos[-2] == starts[-1]
     lanes = entries.T
     tail = count - (nlanes - 1) * steps
-    flat = np.concatenate((lanes[:-1].reshape(-1), lanes[-1, steps - tail :]))
+    flat = np.concatenate((lanes[:-1].reshape(-1), lanes[-1, steps - tail :])).astype(np.int64)
     tokens = flat & 0xFFFF
     if not ends_ok or np.any(tokens == _BAD):
         raise CodecError(f"{src.what} payload has a damaged Huffman bit stream")
@@ -243,7 +248,7 @@ def read_stream(
     has = np.flatnonzero(xl)
     if has.size:
         offsets = np.zeros((steps, nlanes), dtype=np.int64)
-        np.cumsum(entries[:-1] >> 24, axis=0, out=offsets[1:])
+        np.cumsum(entries[:-1] >> 24, axis=0, dtype=np.int64, out=offsets[1:])
         offsets += starts
         at = offsets.T
         tok_pos = np.concatenate((at[:-1].reshape(-1), at[-1, steps - tail :]))[has]

@@ -221,7 +221,7 @@ def _quantize_block(
     absmask = fmt.bits.type(np.iinfo(fmt.bits).max >> 1)
     threshold = fmt.bits.type(buckets.threshold)
     k = buckets.reps.size
-    positions, values, exceptions = [], [], []
+    positions, values, exceptions = [], [], []  # exceptions: overflowed or non-finite elements
     for start in range(0, ub.size, _CHUNK):
         uc, rc = ub[start : start + _CHUNK], rb[start : start + _CHUNK]
         d = fmt.delta(uc, rc)
@@ -233,16 +233,18 @@ def _quantize_block(
             hit = np.flatnonzero(sym)
             pos, vals = cand[hit], sym[hit]
             if pos.size:
-                rc[pos] = fmt.from_compute(fmt.to_compute(rc[pos]) + buckets.reps[vals - 1])
-        bad = [pos[~fmt.isfinite(rc[pos])]]
+                moved = fmt.from_compute(fmt.to_compute(rc[pos]) + buckets.reps[vals - 1])
+                rc[pos] = moved
+                overflow = pos[~fmt.isfinite(moved)]
+                if overflow.size:
+                    exceptions.append(overflow + start)
         if buckets.nonfinite:
-            bad.append(np.flatnonzero(~np.isfinite(d)))
-        exc = np.unique(np.concatenate(bad))
-        rc[exc] = uc[exc]
+            exceptions.append(np.flatnonzero(~np.isfinite(d)) + start)
         positions.append(pos + start)
         values.append(vals)
-        exceptions.append(exc + start)
-    return np.concatenate(positions), np.concatenate(values), np.concatenate(exceptions)
+    exc = np.unique(np.concatenate(exceptions)) if exceptions else np.empty(0, dtype=np.int64)
+    rb[exc] = ub[exc]
+    return np.concatenate(positions), np.concatenate(values), exc
 
 
 def _write_tokens(
