@@ -84,11 +84,12 @@ def test_shard_replicates_only_blocks_short_of_k_copies() -> None:
     shard.push(_push(shard, 2, 1, [9]))
     out = shard.end_clock(1)
     assert shard.version.tolist() == [1, 2, 1, 0, 0, 0, 0, 0]
-    # Block 1's recovery point (version 1) has one worker copy where k=3 needs two, so its current
-    # version (held by no worker) goes to two replica stores, not to every worker.
-    assert len(out["replicas"]) == 2
-    assert all(c["blocks"].tolist() == [1] and c["ver"].tolist() == [2] for c in out["replicas"].values())
-    assert shard.copies(shard.version).tolist() == [3, 2, 3, 3, 3, 3, 3, 3]
+    # Block 1's recovery point (version 1, the end of clock 0) has one worker copy (worker 2's) where
+    # k=3 needs two: its current version goes to one more worker's replica store, not to every worker.
+    (copy,) = out["replicas"].values()
+    assert copy["blocks"].tolist() == [1] and copy["ver"].tolist() == [2]
+    assert 2 not in out["replicas"]  # worker 2 already counts
+    assert shard.copies(shard.version).tolist() == [3, 1, 3, 3, 3, 3, 3, 3]
     assert shard.end_clock(2)["replicas"] == {}  # nothing changed: nothing to push
 
 

@@ -24,6 +24,9 @@ class PSConfig:
     when more copies fail than ``replicas`` tolerates), ``"checkpoint"`` (periodic shard
     checkpoints, rollback of every worker), ``"none"`` (restart from scratch).
     ``replicas`` is k: every block keeps k copies of its recovery point, the server's included.
+    ``recovery_lag`` L: the recovery point is the version at the end of the clock L clocks back
+    (default 1 under BSP, ``staleness + 1`` under SSP, where caches lag that much); workers keep
+    L + 1 clocks of updates, and a larger L needs fewer replica pushes.
     """
 
     workload: str = "sparse_lr"
@@ -40,6 +43,7 @@ class PSConfig:
     seed: int = 0
     checkpoint_dir: str | None = None
     checkpoint_every: int | None = None
+    recovery_lag: int | None = None
     workload_options: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -69,6 +73,8 @@ class PSConfig:
                 raise PSConfigError(f"checkpoint_every must be >= 1, got {self.checkpoint_every}")
             if self.checkpoint_dir is None:
                 raise PSConfigError("checkpoint_every needs checkpoint_dir (where server shards are saved)")
+        if self.recovery_lag is not None and self.recovery_lag < 1:
+            raise PSConfigError(f"recovery_lag must be >= 1, got {self.recovery_lag}")
         if self.lr is not None and not self.lr > 0:
             raise PSConfigError(f"lr must be > 0, got {self.lr}")
 
@@ -81,6 +87,13 @@ class PSConfig:
     def read_staleness(self) -> int:
         """How many clocks old a cached block may be when read: 0 under BSP."""
         return self.staleness if self.consistency == "ssp" else 0
+
+    @property
+    def lag(self) -> int:
+        """Clocks between a block's recovery point and the newest clock end (see ``recovery_lag``)."""
+        if self.recovery_lag is not None:
+            return self.recovery_lag
+        return self.staleness + 1 if self.consistency == "ssp" else 1
 
     def shard_dir(self, server: int) -> Path:
         """Checkpoint directory of one server's shard."""

@@ -173,6 +173,10 @@ class PSJob:
     def _finish(self) -> None:
         import ray
 
+        if (
+            self.cfg.checkpoint_dir is not None
+        ):  # checkpoints in flight become durable; the directory is released
+            ray.get([s.close.remote() for s in self.servers])
         workload = make_workload(self.cfg.workload, self.cfg.seed, self.cfg.workload_options)
         tables = workload.tables()
         params = {t.name: np.zeros((t.rows, t.dim), np.float32) for t in tables}
@@ -237,7 +241,7 @@ class PSJob:
         """End ``clock`` on every server that has not yet, deliver replicas, acknowledge, checkpoint."""
         import ray
 
-        deliveries: list[tuple[int, Any]] = []
+        copies: dict[int, list[Any]] = {}
         while True:
             todo = [s for s in range(self.cfg.servers) if self._ended[s] < clock]
             if not todo:
@@ -252,14 +256,18 @@ class PSJob:
                         raise
                     trouble = True
                     continue
-                deliveries += [(w, self.workers[w].replicate.remote(c)) for w, c in out["replicas"].items()]
+                for w, copy in out["replicas"].items():
+                    copies.setdefault(w, []).append(copy)
                 self._ended[s], self._expected[s] = clock, out["counts"]
                 if self.cfg.ft:
                     self._result.version_bytes += int(out["counts"].nbytes)
             if trouble:
                 self._recover()
         self._completed = clock
-        self._acks.append((clock - 1, deliveries))
+        deliveries = [
+            (w, self.workers[w].replicate.remote(c)) for w, c in copies.items()
+        ]  # one call per worker
+        self._acks.append((clock - self.cfg.lag, deliveries))
         self._settle_acks(block=self.cfg.consistency == "bsp")
         every = self.cfg.checkpoint_every
         if every is not None and (clock + 1) % every == 0:
@@ -475,7 +483,7 @@ class PSJob:
         self._open.append((event, begin, self._completed))
         self._ended = [resume - 1] * self.cfg.servers
         self._expected = list(counts)
-        self._completed, self._ack, self._acks = resume - 1, resume - 2, []
+        self._completed, self._ack, self._acks = resume - 1, resume - 1 - self.cfg.lag, []
         raise _Rewind(resume)
 
     def _close_recoveries(self) -> None:

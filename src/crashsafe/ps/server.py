@@ -82,7 +82,7 @@ class ServerShard:
         self.n_applied = np.zeros(nb, np.int64)
         self.holder = np.full((nb, nw), -1, np.int64)
         self.replica = np.full((nb, nw), -1, np.int64)
-        self.prev_end = np.zeros(nb, np.int64)
+        self.ends: list[Ints] = []  # versions at the last `lag` clock ends, oldest first
         self.buffer: dict[int, dict[int, Push]] = {}
 
     # -- data path -------------------------------------------------------------------------------
@@ -102,11 +102,15 @@ class ServerShard:
 
     def _copy_meta(self, blocks: Ints) -> Copy:
         local = blocks - self.lo
+        bsp_applied = self.applied[local].max(axis=1, keepdims=True)
         state = [self.layout.gather(self.state[n], self.bases, blocks) for n in self.state_names]
         n_elems = int(sum(self.layout.block_elems(blocks)))
         return {
             "ver": self.version[local].astype(np.int32),  # int32 on the wire: metadata is overhead
-            "applied": self.applied[local].astype(np.int32),
+            # Under BSP whole clocks are applied in order, so the newest clock stands for all workers.
+            "applied": (bsp_applied if self.cfg.consistency == "bsp" else self.applied[local]).astype(
+                np.int32
+            ),
             "n": self.n_applied[local].astype(np.int32),
             "s": np.stack(state) if state else np.zeros((0, n_elems), np.float32),
         }
@@ -162,10 +166,12 @@ class ServerShard:
     def end_clock(self, clock: int) -> dict[str, Any]:
         """Close ``clock``: apply its updates in worker order (BSP), then top up copies to k.
 
-        Returns each block's count of applied updates (the driver's record of what a rebuild must
-        reach) and, per
-        worker, the replica copies to store. After the replicas are stored, updates of clocks
-        before ``clock`` are safe and workers may drop them.
+        A block's recovery point is its version at the end of clock ``clock - lag``: every copy at
+        that version or newer is a valid base for a rebuild (later updates are still retained by
+        workers). Blocks with fewer than k-1 such copies get their current version pushed to just
+        enough workers. Returns each block's count of applied updates (the driver's record of what
+        a rebuild must reach) and, per worker, the replica copies to store; once they are stored,
+        updates of clocks up to ``clock - lag`` are safe and workers may drop them.
         """
         self._check()
         if self.cfg.consistency == "bsp":
@@ -174,28 +180,32 @@ class ServerShard:
         replicas: dict[int, Copy] = {}
         if self.cfg.ft:
             replicas = self._replicate()
-        self.prev_end = self.version.copy()
+        self.ends = [*self.ends, self.version.copy()][-self.cfg.lag :]
         return {"counts": self.n_applied.astype(np.int32), "replicas": replicas}
 
-    def copies(self, versions: Ints) -> Ints:
-        """Copies of each block at ``versions`` held by workers (caches and replica stores)."""
-        held: Ints = ((self.holder == versions[:, None]) | (self.replica == versions[:, None])).sum(axis=1)
+    def holds(self, versions: Ints) -> NDArray[np.bool_]:
+        """Which workers hold a copy of each block at ``versions`` or newer (cache or replica store)."""
+        held: NDArray[np.bool_] = (self.holder >= versions[:, None]) | (self.replica >= versions[:, None])
         return held
+
+    def copies(self, versions: Ints) -> Ints:
+        """Worker copies of each block at ``versions`` or newer."""
+        counted: Ints = self.holds(versions).sum(axis=1)
+        return counted
 
     def _replicate(self) -> dict[int, Copy]:
         need = self.cfg.replicas - 1
-        current = self.copies(self.version)
-        ok = (self.version == 0) | (current >= need) | (self.copies(self.prev_end) >= need)
-        short = np.flatnonzero(~ok)
+        point = self.ends[0] if len(self.ends) == self.cfg.lag else np.zeros(self.nb, np.int64)
+        have = self.copies(point)
+        short = np.flatnonzero((point > 0) & (have < need))  # version 0 is regenerated from the seed
         if short.size == 0:
             return {}
-        # Per short block, the first workers without a current copy in an order rotated by block id,
+        # Per short block, the first workers without a valid copy in an order rotated by block id,
         # which spreads the replica stores' load evenly.
         score = (np.arange(self.workers)[None, :] - short[:, None]) % self.workers
-        ver = self.version[short][:, None]
-        score[(self.holder[short] == ver) | (self.replica[short] == ver)] = self.workers
+        score[self.holds(point)[short]] = self.workers
         rank = np.argsort(np.argsort(score, axis=1, kind="stable"), axis=1)
-        pick = rank < (need - current[short])[:, None]
+        pick = rank < (need - have[short])[:, None]
         rows, cols = np.nonzero(pick)
         self.replica[short[rows], cols] = self.version[short[rows]]
         chosen = {w: short[pick[:, w]] for w in range(self.workers) if pick[:, w].any()}
@@ -255,7 +265,7 @@ class ServerShard:
         missing = np.flatnonzero(self.n_applied < counts) + self.lo
         if self.cfg.consistency == "bsp" and np.any(self.n_applied > counts):
             raise AssertionError(f"server {self.id}: replay applied more updates than were recorded")
-        self.prev_end = self.version.copy()
+        self.ends = [self.version.copy()] * self.cfg.lag  # the rebuilt state is the new recovery point
         self.recovering = missing.size > 0
         return {"missing": missing, "replayed": replayed, "copies_used": int(np.count_nonzero(best))}
 
@@ -317,7 +327,7 @@ class ServerShard:
             self.version[...] = shard["version"]
             self.applied[...] = shard["applied"]
             self.n_applied[...] = shard["n_applied"]
-            self.prev_end = self.version.copy()
+            self.ends = [self.version.copy()] * self.cfg.lag  # restored values are not regenerable
         if self.cfg.checkpoint_dir is not None:
             manager = self._open_manager()
             for old in manager.steps():

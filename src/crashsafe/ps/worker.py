@@ -188,10 +188,11 @@ class PSWorker:
             }
         return pushes
 
-    def replicate(self, copy: Copy) -> int:
-        """Store copies a server pushed to this worker's replica store; return their bytes."""
-        self.replicas.install(copy, 0)
-        return nbytes(copy)
+    def replicate(self, copies: list[Copy]) -> int:
+        """Store copies servers pushed to this worker's replica store; return their bytes."""
+        for copy in copies:
+            self.replicas.install(copy, 0)
+        return nbytes(copies)
 
     def report(self, server: int) -> dict[str, Any]:
         """Everything this worker holds for ``server``'s key range: copies and retained updates."""
