@@ -217,11 +217,11 @@ def read_stream(
     padded = np.zeros(nbytes + 16, dtype=np.uint8)
     padded[:nbytes] = src.array(np.uint8, nbytes)
     windows = np.ndarray((nbytes + 9,), dtype="<i8", buffer=padded, strides=(1,)).copy()
-    peek = np.empty((nbytes + 1, 8), dtype=np.int32)  # peek[p // 8, p % 8]: next maxlen bits at bit p
+    by_byte = np.empty((nbytes + 1, 8), dtype=np.int32)
     mask = (1 << table.maxlen) - 1
     for bit in range(8):
-        peek[:, bit] = (windows[: nbytes + 1] >> bit) & mask
-    peek = peek.reshape(-1)
+        by_byte[:, bit] = (windows[: nbytes + 1] >> bit) & mask
+    peek: np.ndarray[Any, Any] = by_byte.reshape(-1)  # peek[p]: the next maxlen bits at bit p
     steps = min(count, LANE)
     lut = table.lut32
     pos = starts.astype(np.int32)
