@@ -5,11 +5,13 @@ Durability levels (what a committed transaction survives):
 - ``process``: stores into a shared file mapping sit in the kernel's page cache the moment they
   execute, so a killed process loses nothing it committed. No flush is issued. Survives crashes of
   the process, not of the machine. The right level for ``/dev/shm`` (RAM: a power loss wipes it).
-- ``power``: ``msync(MS_SYNC)`` at every ordering point of the commit protocol, so a committed
-  transaction survives an OS crash or power loss on a disk filesystem.
+- ``power``: ``fdatasync`` (equivalent to ``msync`` of every dirty range) at every ordering point of
+  the commit protocol, so a committed transaction survives an OS crash or power loss on a disk
+  filesystem.
 - On a DAX filesystem (persistent memory, mounted with ``-o dax``) the file is mapped with
   ``MAP_SYNC`` when the kernel allows it, so the filesystem's own metadata for each page is durable
-  when the page is first written; the flushes are then ``msync`` of the written ranges.
+  when the page is first written; the ordering points still call ``fdatasync``, which on DAX writes
+  the CPU caches back (Python cannot issue the cache-flush instructions a C library would).
 ``auto`` picks ``process`` on tmpfs/ramfs and ``power`` elsewhere.
 """
 
@@ -71,7 +73,7 @@ def mount_of(path: Path) -> tuple[str, str]:
 
 
 class Arena:
-    """An open, locked, mapped arena file. ``flush`` makes a byte range durable per ``durability``."""
+    """An open, locked, mapped arena file; ``sync`` is its ordering point per ``durability``."""
 
     def __init__(self, path: Path, fd: int, durability: Literal["process", "power"]) -> None:
         self.path = path
@@ -186,12 +188,14 @@ class Arena:
     def read_superblock(self) -> Superblock:
         return Superblock.unpack(self.mm[:PAGE], self.path)
 
-    def flush(self, offset: int, nbytes: int) -> None:
-        """Make ``[offset, offset+nbytes)`` durable (a no-op at ``process`` durability)."""
-        if self.durability == "process" or nbytes <= 0:
-            return
-        start = offset - offset % PAGE
-        self.mm.flush(start, min(self.length, offset + nbytes) - start)
+    def sync(self) -> None:
+        """An ordering point: every store made so far is durable when this returns.
+
+        At ``power`` durability this is one ``fdatasync`` of the file, which on Linux writes back the
+        pages dirtied through the mapping too (one call, instead of an ``msync`` per range); at
+        ``process`` durability it is a no-op."""
+        if self.durability == "power":
+            os.fdatasync(self.fd)
 
     def close(self) -> bool:
         """Unmap (unless views are still alive: then the mapping dies with them) and unlock.

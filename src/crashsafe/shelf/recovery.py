@@ -2,14 +2,13 @@
 
 Record 0 is the transaction's BEGIN (written at its first change, so a crashed transaction is
 always reported); each later record names a committed block about to be overwritten in place and
-the free block its old bytes were copied to (flushed before the overwrite). A transaction numbered
+the free block its old bytes were copied to (made durable before the overwrite). A transaction numbered
 ``committed.seq + 1`` with a BEGIN is incomplete. Rolling back is idempotent, so a crash during
 recovery is recovered by the next open.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import xxhash
@@ -51,10 +50,11 @@ def restore(
     buf: memoryview,
     meta: Meta,
     undo: tuple[Record, ...],
-    flush: Callable[[int, int], None],
     path: object,
 ) -> list[str]:
     """Copy saved bytes back over every block the transaction overwrote; return restored names.
+
+    The caller makes the restored bytes durable before it commits anything over them.
 
     Each saved copy is checked against the committed checksum before it is used, and a block that
     already matches its committed checksum is left alone. Anything else is damage: refuse.
@@ -80,7 +80,6 @@ def restore(
                 "from a copy."
             )
         target[:] = saved
-        flush(record.target, record.nbytes)
         restored.append(name)
         faults.reached("shelf_mid_recovery")
     return restored

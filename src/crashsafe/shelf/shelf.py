@@ -5,11 +5,14 @@ Protocol of one transaction (numbered ``committed + 1``):
 
 1. at its first change a BEGIN record is written;
 2. before a committed block is overwritten in place, its bytes are copied to a free block, an undo
-   record is written, and both are flushed (undo log);
+   record is written, and both are made durable (undo log);
 3. new values of other shapes, new variables, and (``tx_mode="shadow"``) replacements go to fresh
    blocks that the committed metadata does not reference (shadow copies);
-4. commit: checksum the changed blocks, flush them, write the new metadata into the spare of two
-   checksummed metadata slots, flush it. That write is the commit point.
+4. commit: checksum the changed blocks, make them durable, write the new metadata into the spare of
+   two checksummed metadata slots, make it durable. That write is the commit point.
+
+"Durable" is an ``fdatasync`` at ``power`` durability and nothing at ``process`` durability, where
+program order already decides what a killed process leaves in the page cache.
 
 After a crash the newest valid slot wins and the undo records of an incomplete transaction copy the
 old bytes back; blocks it allocated were never referenced by committed metadata, so they are free.
@@ -116,7 +119,7 @@ class Shelf(MutableMapping[str, Any]):
         path: the arena file; created (with ``size``) if missing, reopened (and recovered) if not.
         size: arena size in bytes or as ``"1GiB"``; required to create. A larger size given on
             reopen grows the arena.
-        durability: ``"process"`` (no flushes; survives process crashes), ``"power"`` (msync at
+        durability: ``"process"`` (no flushes; survives process crashes), ``"power"`` (fdatasync at
             every ordering point; survives power loss on disk) or ``"auto"`` (process on tmpfs).
         tx_mode: how assigning to an existing array of the same shape and dtype works inside a
             transaction: ``"shadow"`` writes a fresh block and switches to it at commit;
@@ -195,7 +198,8 @@ class Shelf(MutableMapping[str, Any]):
                 self._alloc.mark(entry.offset, entry.nbytes)
 
     def _recover(self, incomplete: recovery.Incomplete) -> None:
-        restored = recovery.restore(self._mv, self._meta, incomplete.undo, self._arena.flush, self.path)
+        restored = recovery.restore(self._mv, self._meta, incomplete.undo, self.path)
+        self._arena.sync()
         note = {"tx": incomplete.seq, "reason": "crash", "time": time.time(), "restored": restored}
         self._meta = replace(self._meta, seq=incomplete.seq, rollback=note)
         self._write_meta(self._meta)
@@ -394,6 +398,7 @@ class Shelf(MutableMapping[str, Any]):
         meta, work = self._meta, self._work
         try:
             changed, deleted = [], []
+            blocks_written = False
             for name in tx.dirty | tx.changed:
                 old, entry = meta.vars.get(name), work.get(name)
                 if entry is None:
@@ -402,10 +407,12 @@ class Shelf(MutableMapping[str, Any]):
                     continue
                 if entry.has_block:
                     entry = entry._replace(digest=self._digest(entry.offset, entry.nbytes))
-                    self._arena.flush(entry.offset, entry.nbytes)
+                    blocks_written = True
                 work[name] = entry = _versioned(old, entry)
                 if old is None or entry.version != old.version:
                     changed.append(name)
+            if blocks_written:
+                self._arena.sync()
             faults.reached("shelf_before_meta")
             info = {"seq": tx.seq, "time": time.time(), "changed": sorted(changed),
                     "deleted": sorted(deleted)}
@@ -429,7 +436,8 @@ class Shelf(MutableMapping[str, Any]):
             if tx.began:
                 undo = tuple(Record(Record.UNDO, tx.seq, t, self._meta_size_of(t), s)
                              for t, s in tx.undo.items())
-                restored = recovery.restore(self._mv, self._meta, undo, self._arena.flush, self.path)
+                restored = recovery.restore(self._mv, self._meta, undo, self.path)
+                self._arena.sync()
                 note = {"tx": tx.seq, "reason": reason[:500], "time": time.time(), "restored": restored}
                 self._write_meta(replace(self._meta, seq=tx.seq, rollback=note))
                 self._meta = replace(self._meta, seq=tx.seq, rollback=note)
@@ -463,7 +471,7 @@ class Shelf(MutableMapping[str, Any]):
 
     def _mark_begun(self, tx: _Tx) -> None:
         if not tx.began:
-            self._write_record(0, Record(Record.BEGIN, tx.seq, time=time.time()), flush=False)
+            self._write_record(0, Record(Record.BEGIN, tx.seq, time=time.time()))
             tx.began = True
             faults.reached("shelf_after_begin")
 
@@ -479,9 +487,8 @@ class Shelf(MutableMapping[str, Any]):
         saved = self._alloc_block(entry.nbytes, f"the undo copy of {name!r}")
         tx.undo[entry.offset] = saved
         self._u8[saved : saved + entry.nbytes] = self._u8[entry.offset : entry.offset + entry.nbytes]
-        self._arena.flush(saved, entry.nbytes)
-        self._write_record(index, Record(Record.UNDO, tx.seq, entry.offset, entry.nbytes, saved),
-                           flush=True)
+        self._write_record(index, Record(Record.UNDO, tx.seq, entry.offset, entry.nbytes, saved))
+        self._arena.sync()  # the saved copy and its record are durable before the block changes
         faults.reached("shelf_after_undo")
         tx.dirty.add(name)
         for ref in self._views.get(entry.offset, ()):
@@ -513,11 +520,9 @@ class Shelf(MutableMapping[str, Any]):
         else:
             tx.freed.append(entry.offset)
 
-    def _write_record(self, index: int, record: Record, flush: bool) -> None:
+    def _write_record(self, index: int, record: Record) -> None:
         at = self._sb.record_off + index * RECORD_BYTES
         self._mv[at : at + RECORD_BYTES] = record.pack()
-        if flush:
-            self._arena.flush(self._sb.record_off, at + RECORD_BYTES - self._sb.record_off)
 
     def _write_meta(self, meta: Meta) -> None:
         """Write ``meta`` into slot ``seq % 2`` (never the newest valid one) and flush: the commit."""
@@ -536,7 +541,7 @@ class Shelf(MutableMapping[str, Any]):
             self._mv[start + half : start + len(blob)] = blob[half:]
         else:
             self._mv[start : start + len(blob)] = blob
-        self._arena.flush(start, len(blob))
+        self._arena.sync()
 
     # ------------------------------------------------------------------ blocks and views
 
@@ -663,10 +668,11 @@ def _versioned(old: Entry | None, new: Entry) -> Entry:
     """``new`` with its version: 1 if new, unchanged if the content is, else old + 1."""
     if old is None:
         return new._replace(version=1)
-    same = (old.kind == new.kind and old.dtype == new.dtype and old.shape == new.shape
-            and old.digest == new.digest and old.nbytes == new.nbytes
+    same = (old.kind == new.kind and old.digest == new.digest and old.nbytes == new.nbytes
+            and old.shape == new.shape and old.dtype == new.dtype
             and (old.kind != "scalar" or _same_scalar(old.value, new.value)))
-    return new._replace(version=old.version if same else old.version + 1)
+    version = old.version if same else old.version + 1
+    return new if new.version == version else new._replace(version=version)
 
 
 def _same_scalar(a: Any, b: Any) -> bool:
@@ -686,6 +692,8 @@ def _copy(dst: _Array, src: _Array) -> None:
 
 def _coerce(name: str, value: Any) -> tuple[str, Any]:
     """(kind, data): arrays as ndarrays of a numeric dtype, str/bytes as bytes, scalars as is."""
+    if isinstance(value, np.ndarray) and value.dtype in DTYPE_NAMES:
+        return "array", value
     if scalar_ok(value):
         return "scalar", value
     if isinstance(value, str):
@@ -699,8 +707,6 @@ def _coerce(name: str, value: Any) -> tuple[str, Any]:
         except TypeError as exc:
             raise UnsupportedStateError(f"shelf[{name!r}]: torch dtype {value.dtype} has no numpy "
                                         f"equivalent ({exc}); convert it first") from None
-    if isinstance(value, np.ndarray) and value.dtype in DTYPE_NAMES:
-        return "array", value
     if isinstance(value, np.generic):
         value = np.asarray(value)
     if not isinstance(value, np.ndarray):
