@@ -22,45 +22,37 @@ from crashsafe.format.dtypes import storage_dtype
 from crashsafe.format.manifest import Manifest, PayloadEntry
 from crashsafe.storage.reader import StepReader, read_manifest
 
-__all__ = ["delta_bases", "protected_steps", "read_step"]
+__all__ = ["direct_bases", "protected_steps", "read_step"]
 
 
-def delta_bases(manifest: Manifest) -> dict[str, int]:
-    """Path -> base step of every delta payload of a step."""
-    return {p.path: p.base for p in manifest.payloads if p.base is not None}
+def direct_bases(manifest: Manifest) -> frozenset[int]:
+    """The steps this step's delta payloads are encoded against."""
+    return frozenset(p.base for p in manifest.payloads if p.base is not None)
 
 
 def protected_steps(
-    root: Path, keep: Iterable[int], known: MutableMapping[int, dict[str, int]] | None = None
+    root: Path, keep: Iterable[int], known: MutableMapping[int, frozenset[int]] | None = None
 ) -> frozenset[int]:
-    """Every step that the steps in ``keep`` need, following each path's own chain.
+    """Every step the steps in ``keep`` need to stay restorable, through all their chains.
 
-    A step kept for one path's chain does not pull in the chains of its other paths. ``known``
-    caches :func:`delta_bases` per step across calls; a step whose manifest cannot be read
-    protects nothing (it cannot be restored anyway).
+    ``known`` caches step -> :func:`direct_bases` across calls (manifests are read only for steps
+    it lacks). A step whose manifest cannot be read protects nothing: it cannot be restored anyway.
     """
-    cache: MutableMapping[int, dict[str, int]] = {} if known is None else known
-
-    def bases(step: int) -> dict[str, int]:
-        if step not in cache:
-            try:
-                cache[step] = delta_bases(read_manifest(root, step))
-            except (CorruptCheckpointError, NoCheckpointError):
-                cache[step] = {}
-        return cache[step]
-
+    cache: MutableMapping[int, frozenset[int]] = {} if known is None else known
     needed: set[int] = set()
-    seen: set[tuple[int, str]] = set()
-    todo = [(path, base) for step in keep for path, base in bases(step).items()]
+    todo = list(keep)
     while todo:
-        path, base = todo.pop()
-        needed.add(base)
-        if (base, path) in seen:
-            continue
-        seen.add((base, path))
-        further = bases(base).get(path)
-        if further is not None:
-            todo.append((path, further))
+        step = todo.pop()
+        bases = cache.get(step)
+        if bases is None:
+            try:
+                bases = direct_bases(read_manifest(root, step))
+            except (CorruptCheckpointError, NoCheckpointError):
+                bases = frozenset()
+            cache[step] = bases
+        for base in bases - needed:
+            needed.add(base)
+            todo.append(base)
     return frozenset(needed)
 
 

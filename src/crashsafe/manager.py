@@ -107,7 +107,8 @@ class CheckpointManager:
         self._codecs = _parse_codecs(codec)
         self._lossless = _parse_patterns(lossless)
         self._tracks: dict[str, _Track] = {}  # per delta-coded path: what its next delta is against
-        self._bases: dict[int, dict[str, int]] = {}  # step -> {path: base step} of its deltas (cache)
+        self._bases: dict[int, frozenset[int]] = {}  # step -> steps its deltas need (cache)
+        self._committed = 0  # saves committed by this manager: delta chains restart at multiples
         self._lock: WriterLock | None = None
         self._pool = StagingPool() if async_save else None
         self._executor: ThreadPoolExecutor | None = None
@@ -273,7 +274,8 @@ class CheckpointManager:
             self._tracks = {}  # references were advanced in place for a step that never committed
             raise
         self._tracks = tracks
-        self._bases[step] = {e.path: e.base for e in entries if e.base is not None}
+        self._bases[step] = frozenset(e.base for e in entries if e.base is not None)
+        self._committed += 1
         persisted = time.perf_counter() - begin  # durable and committed; retention comes after
         self._apply_retention()
         return SaveStats(step, stall, persisted, manifest.raw_nbytes, manifest.stored_nbytes)
@@ -294,19 +296,23 @@ class CheckpointManager:
     def _encode_delta(
         self, codec: DeltaCodec, leaf: ArrayLeaf, array: np.ndarray[Any, Any], step: int
     ) -> tuple[BytesLike, int | None, _Track]:
-        """Encode against the path's previous save if its chain may grow, else start a new chain."""
+        """Encode against the path's previous save, or start a new chain with a full save.
+
+        Full saves fall on every ``full_every``-th save of this manager (not of the path), so the
+        chains of paths whose ``full_every`` divide each other restart together and retention
+        can drop whole old steps.
+        """
         track = self._tracks.get(leaf.path)
         if (
             track is not None
             and track.codec == codec
             and (track.dtype, track.shape) == (leaf.dtype, leaf.shape)
-            and track.length < codec.full_every
+            and self._committed % codec.full_every != 0
         ):
             payload, reference = codec.encode_delta(array, track.reference)
-            grown = _Track(codec, leaf.dtype, leaf.shape, step, track.length + 1, reference)
-            return payload, track.step, grown
+            return payload, track.step, _Track(codec, leaf.dtype, leaf.shape, step, reference)
         payload, reference = codec.encode_delta(array, None)
-        return payload, None, _Track(codec, leaf.dtype, leaf.shape, step, 1, reference)
+        return payload, None, _Track(codec, leaf.dtype, leaf.shape, step, reference)
 
     def _apply_retention(self) -> None:
         """Delete what the retention policy drops, except steps a kept step's delta chain needs."""
@@ -490,7 +496,6 @@ class _Track:
     dtype: str
     shape: tuple[int, ...]
     step: int
-    length: int  # saves in the chain so far, the full one included
     reference: Reference
 
 
