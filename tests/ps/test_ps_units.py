@@ -90,7 +90,10 @@ def test_shard_replicates_only_blocks_short_of_k_copies() -> None:
     assert copy["blocks"].tolist() == [1] and copy["ver"].tolist() == [2]
     assert 2 not in out["replicas"]  # worker 2 already counts
     assert shard.copies(shard.version).tolist() == [3, 1, 3, 3, 3, 3, 3, 3]
-    assert shard.end_clock(2)["replicas"] == {}  # nothing changed: nothing to push
+    # Next clock the recovery point moves to version 2, which has one copy: one more push, then none.
+    assert [c["blocks"].tolist() for c in shard.end_clock(2)["replicas"].values()] == [[1]]
+    assert shard.copies(shard.version).tolist() == [3, 2, 3, 3, 3, 3, 3, 3]
+    assert shard.end_clock(3)["replicas"] == {}
 
 
 def test_rebuilt_shard_refuses_traffic_and_replays_in_worker_order() -> None:
