@@ -22,6 +22,7 @@ from numpy.typing import NDArray
 from crashsafe.ps.cluster import connect
 from crashsafe.ps.config import Failure, PSConfig
 from crashsafe.ps.errors import DataLossError, PSConfigError
+from crashsafe.ps.messages import nbytes
 from crashsafe.ps.result import Recovery, RunResult
 from crashsafe.ps.server import ServerShard
 from crashsafe.ps.worker import PSWorker, server_unavailable
@@ -147,7 +148,7 @@ class PSJob:
         self._expected: list[NDArray[np.int32]] = [np.zeros(0, np.int32)] * cfg.servers
         self._completed = -1
         self._ack = -1
-        self._acks: list[tuple[int, list[tuple[int, Any]]]] = []
+        self._pending: dict[int, list[Any]] = {}  # replica copies riding on each worker's next clock
         self._open: list[tuple[Recovery, float, int]] = []
         self._kill_time: float | None = None
         self._relaunched: set[int] = set()
@@ -205,7 +206,7 @@ class PSJob:
 
         pending = list(workers)
         while pending:
-            refs = {w: self.workers[w].run_clock.remote(clock, self._ack) for w in pending}
+            refs = {w: self._clock_call(w, clock) for w in pending}
             trouble = False
             for w, ref in refs.items():
                 try:
@@ -238,10 +239,13 @@ class PSJob:
         return bool(out["failed"])
 
     def _end_clock(self, clock: int) -> None:
-        """End ``clock`` on every server that has not yet, deliver replicas, acknowledge, checkpoint."""
+        """End ``clock`` on every server that has not yet, queue replicas, acknowledge, checkpoint.
+
+        The acknowledgement may precede delivery: until the replicas ride on each worker's next
+        clock, the driver holds them, and a rebuild flushes them to the workers first.
+        """
         import ray
 
-        copies: dict[int, list[Any]] = {}
         while True:
             todo = [s for s in range(self.cfg.servers) if self._ended[s] < clock]
             if not todo:
@@ -256,19 +260,16 @@ class PSJob:
                         raise
                     trouble = True
                     continue
-                for w, copy in out["replicas"].items():
-                    copies.setdefault(w, []).append(copy)
+                for w, copy in out["replicas"].items():  # they ride on w's next clock (or a flush)
+                    self._pending.setdefault(w, []).append(copy)
+                    self._result.replica_bytes += nbytes(copy)
                 self._ended[s], self._expected[s] = clock, out["counts"]
                 if self.cfg.ft:
                     self._result.version_bytes += int(out["counts"].nbytes)
             if trouble:
                 self._recover()
         self._completed = clock
-        deliveries = [
-            (w, self.workers[w].replicate.remote(c)) for w, c in copies.items()
-        ]  # one call per worker
-        self._acks.append((clock - self.cfg.lag, deliveries))
-        self._settle_acks(block=self.cfg.consistency == "bsp")
+        self._ack = clock - self.cfg.lag
         every = self.cfg.checkpoint_every
         if every is not None and (clock + 1) % every == 0:
             ray.get([s.save_checkpoint.remote(clock) for s in self.servers])
@@ -276,28 +277,21 @@ class PSJob:
         if self.on_clock is not None:
             self.on_clock(clock, self._result)
 
-    def _settle_acks(self, block: bool) -> None:
-        """Advance the acknowledged clock past every end of clock whose replicas workers now hold.
+    def _clock_call(self, w: int, clock: int) -> Any:
+        """Start ``clock`` on worker ``w``, handing it the replica copies pending for it."""
+        return self.workers[w].run_clock.remote(clock, self._ack, self._pending.pop(w, []))
 
-        Under SSP this does not wait (workers keep running while replicas travel); an update is
-        acknowledged only once the copies that cover it are stored.
-        """
+    def _flush_replicas(self) -> None:
+        """Deliver every pending replica copy now (before a rebuild gathers the workers' copies)."""
         import ray
 
-        while self._acks:
-            ack, deliveries = self._acks[0]
-            refs = [ref for _, ref in deliveries]
-            if not block and refs and len(ray.wait(refs, num_returns=len(refs), timeout=0)[0]) < len(refs):
-                return
-            for w, ref in deliveries:
-                try:
-                    self._result.replica_bytes += ray.get(ref)
-                except Exception as exc:
-                    if not server_unavailable(exc):
-                        raise
-                    self._worker_lost(w)
-            self._ack = ack
-            self._acks.pop(0)
+        for w in list(self._pending):
+            try:
+                ray.get(self.workers[w].replicate.remote(self._pending.pop(w)))
+            except Exception as exc:
+                if not server_unavailable(exc):
+                    raise
+                self._worker_lost(w)
 
     # -- SSP: workers run ahead of the slowest by at most `staleness` clocks -----------------------
     def _run_ssp(self, start: int) -> None:
@@ -306,12 +300,11 @@ class PSJob:
         cfg = self.cfg
         self._done = [start - 1] * cfg.workers
         while min(self._done) < cfg.clocks - 1:
-            self._settle_acks(block=False)
             busy = {w for w, _ in self._inflight.values()}
             for w in range(cfg.workers):
                 nxt = self._done[w] + 1
                 if w not in busy and nxt < cfg.clocks and nxt <= min(self._done) + 1 + cfg.staleness:
-                    self._inflight[self.workers[w].run_clock.remote(nxt, self._ack)] = (w, nxt)
+                    self._inflight[self._clock_call(w, nxt)] = (w, nxt)
             ready, _ = ray.wait(list(self._inflight), num_returns=1)
             if self._collect(ready):
                 self._recover()
@@ -369,6 +362,7 @@ class PSJob:
 
         _wait_relaunched(self.workers[w], None, False)
         ray.get(self.workers[w].configure.remote(self.cfg.to_dict()))
+        self._pending.pop(w, None)  # the servers forget what this worker held or was about to hold
         self._relaunched.add(w)
         for s in self.servers:
             try:
@@ -393,7 +387,7 @@ class PSJob:
 
         while self._inflight:  # SSP: let running clocks finish (or fail) before touching servers
             self._collect(list(self._inflight))
-        self._settle_acks(block=True)
+        self._flush_replicas()
         begin = self._kill_time if self._kill_time is not None else time.perf_counter()
         self._kill_time = None
         bad = [s for s, rec in enumerate(self._statuses()) if rec]
@@ -483,7 +477,7 @@ class PSJob:
         self._open.append((event, begin, self._completed))
         self._ended = [resume - 1] * self.cfg.servers
         self._expected = list(counts)
-        self._completed, self._ack, self._acks = resume - 1, resume - 1 - self.cfg.lag, []
+        self._completed, self._ack, self._pending = resume - 1, resume - 1 - self.cfg.lag, {}
         raise _Rewind(resume)
 
     def _close_recoveries(self) -> None:

@@ -120,14 +120,16 @@ class PSWorker:
         """Process id (for fault injection)."""
         return os.getpid()
 
-    def run_clock(self, clock: int, ack: int) -> dict[str, Any]:
-        """Pull, compute and push one minibatch; updates of clocks <= ``ack`` are safe to drop.
+    def run_clock(self, clock: int, ack: int, replicas: list[Copy] | None = None) -> dict[str, Any]:
+        """Store ``replicas``, then pull, compute and push one minibatch; updates of clocks <= ``ack``
+        are safe to drop (their recovery points have k copies, counting ``replicas``).
 
         Returns ``status`` ``"pull_failed"`` (nothing computed; run the clock again after the
         servers recover) or ``"ok"``, with the servers a push failed on (their recovery replays it).
         """
         import ray
 
+        self.replicate(replicas or [])
         for t in [t for t in self.retained if t <= ack]:
             del self.retained[t]
         batch = self.workload.batch(self.id, clock, self.cfg.batch_size)
