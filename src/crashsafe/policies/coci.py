@@ -215,7 +215,8 @@ class ConvergenceAware:
     def _maybe_fit(self, step: int, now: float, cost: float) -> None:
         if self._next_fit_step is None:
             origin = self.clock.origin_step or 0
-            self._next_fit_step = origin + (self.fit_step if self.fit is None else self._refit_gap(origin))
+            first = self.fit_step - 1  # the fit_step-th step counting the first one seen (COCI: 50)
+            self._next_fit_step = origin + (first if self.fit is None else self._refit_gap(origin))
         if self._needs_build:
             self._needs_build = False
             self._rebuild(now, cost)

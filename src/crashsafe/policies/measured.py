@@ -33,7 +33,8 @@ class CostClock:
     Args:
         cost: fixed checkpoint cost in seconds (COCI's MANUAL mode); None measures it (AUTO mode).
         include_persist: count the background persist time in the cost (for synchronous saves).
-        profile_step: with no cost known, take one profiling save this many steps after the start.
+        profile_step: with no cost known, take one profiling save at the ``profile_step``-th call (COCI:
+            iteration 10), counted from the start or the restore.
     """
 
     def __init__(self, cost: float | str | None, include_persist: bool, profile_step: int) -> None:
@@ -45,9 +46,8 @@ class CostClock:
         self.known_cost: float | None = None
         self.offset = 0.0
         self.base: float | None = 0.0
-        self.restored = False
         self.origin_step: int | None = None
-        self.origin_clock = 0.0
+        self.calls = 0
         self.now = 0.0
 
     def observe(self, context: SaveContext) -> float:
@@ -56,7 +56,7 @@ class CostClock:
             self.base = context.train_time
         if self.origin_step is None:
             self.origin_step = context.step
-            self.origin_clock = self.offset + context.train_time - self.base
+        self.calls += 1
         self.now = self.offset + context.train_time - self.base
         measured = self._measured(context)
         if measured is not None:
@@ -74,17 +74,16 @@ class CostClock:
         return self.fixed_cost if self.fixed_cost is not None else self.known_cost
 
     def last_save(self, context: SaveContext) -> float:
-        """Policy-clock time of the newest save (or of the restored checkpoint, or of the start)."""
+        """Policy-clock time of the newest save (else of the restored checkpoint, or 0: the start)."""
         if context.last_save_train_time is not None and self.base is not None:
             return self.offset + context.last_save_train_time - self.base
-        return self.offset if self.restored else self.origin_clock
+        return self.offset
 
     def profile_due(self, context: SaveContext) -> bool:
         """True once, to take the save that measures the cost, when no cost is known yet."""
         if self.cost() is not None or context.last_save_step is not None:
             return False
-        origin = self.origin_step if self.origin_step is not None else context.step
-        return context.step - origin >= self.profile_step
+        return self.calls >= self.profile_step
 
     def state_dict(self) -> dict[str, Any]:
         return {"clock": self.now, "cost": self.known_cost}
@@ -93,7 +92,7 @@ class CostClock:
         clock, cost = state.get("clock"), state.get("cost")
         if not isinstance(clock, (int, float)) or not math.isfinite(clock) or clock < 0:
             raise PolicyError(f"saved policy clock must be a non-negative number, got {clock!r}")
-        self.offset, self.base, self.restored, self.origin_step = float(clock), None, True, None
+        self.offset, self.base, self.origin_step, self.calls = float(clock), None, None, 0
         self.now = self.offset
         if isinstance(cost, (int, float)) and math.isfinite(cost) and cost >= 0:
             self.known_cost = float(cost)
