@@ -26,6 +26,7 @@ MAX_LEN = 15
 LANE = 1024
 _BAD = 0xFFFF
 _SEEN_WEIGHT = 10  # a seen token weighs 2**10 unseen ones when codes are assigned
+_ZSTD_TABLE = 1 << 15
 
 
 def _reversal_table() -> np.ndarray[Any, Any]:
@@ -154,23 +155,34 @@ class HuffmanTable:
         return self.lut.astype(np.int32)
 
     def to_bytes(self) -> bytes:
-        """Lengths as nibbles, zstd-compressed (alphabets are sparse)."""
+        """Code lengths as nibbles up to the last coded token, zstd-compressed when that is smaller.
+
+        Layout: u16 count of nibbles (bit 15 set: zstd), then the nibbles.
+        """
         used = int(np.flatnonzero(self.lengths)[-1]) + 1
         nibbles = np.zeros(used + used % 2, dtype=np.uint8)
         nibbles[:used] = self.lengths[:used]
-        packed = nibbles[0::2] | (nibbles[1::2] << 4)
-        return used.to_bytes(4, "little") + zstandard.ZstdCompressor(level=9).compress(packed.data)
+        packed = (nibbles[0::2] | (nibbles[1::2] << 4)).tobytes()
+        squeezed = zstandard.ZstdCompressor(level=9, write_content_size=False).compress(packed)
+        if len(squeezed) < len(packed):
+            return (used | _ZSTD_TABLE).to_bytes(2, "little") + squeezed
+        return used.to_bytes(2, "little") + packed
 
     @classmethod
     def from_bytes(cls, data: memoryview, extra: np.ndarray[Any, Any]) -> HuffmanTable:
-        used = int.from_bytes(data[:4], "little")
-        if not 0 < used <= extra.size:
+        head = int.from_bytes(data[:2], "little")
+        used = head & ~_ZSTD_TABLE
+        size = (used + 1) // 2
+        if not 0 < used <= extra.size or len(data) < 2:
             raise CodecError("Huffman table has a damaged size")
-        try:
-            packed = zstandard.ZstdDecompressor().decompress(data[4:], max_output_size=(used + 1) // 2)
-        except zstandard.ZstdError as exc:
-            raise CodecError(f"Huffman table does not decompress: {exc}") from None
-        if len(packed) != (used + 1) // 2:
+        packed = bytes(data[2:])
+        if head & _ZSTD_TABLE:
+            try:
+                with zstandard.ZstdDecompressor().stream_reader(packed) as reader:
+                    packed = reader.read(size + 1)  # never more than a valid table needs
+            except zstandard.ZstdError as exc:
+                raise CodecError(f"Huffman table does not decompress: {exc}") from None
+        if len(packed) != size:
             raise CodecError("Huffman table has a damaged size")
         raw = np.frombuffer(packed, dtype=np.uint8)
         lengths = np.zeros(extra.size, dtype=np.int64)

@@ -2,7 +2,9 @@
 
 Both keep the reconstruction a restore would see (each element's value as last saved) and, at
 each save, store exactly the parts that moved furthest from it, as many as ``budget`` (a fraction
-of the tensor's full size, indices included) allows:
+of the tensor's full size, indices included) allows. Unspent budget carries over to the next save
+(up to one unit), so a row larger than one save's budget is still saved every few saves and the
+average size per save stays at the budget:
 
 - :class:`Scar` (Qiao et al., ICML 2019, "prioritized checkpoints"): whole parameter blocks —
   rows of the tensor, as a parameter server shards them — ranked by the norm of their change.
@@ -75,8 +77,9 @@ class _Partial(DeltaCodec):
         r = reference.array.reshape(u.shape)
         index = np.uint32 if u.shape[0] <= 1 << 32 else np.uint64
         unit = np.dtype(index).itemsize + u.shape[1] * array.dtype.itemsize
-        count = int(self.budget * array.nbytes // unit)
-        rows = _top_rows(u, r, fmt, count)
+        credit = self.budget * array.nbytes + (reference.memo if isinstance(reference.memo, float) else 0.0)
+        rows = _top_rows(u, r, fmt, int(credit // unit))
+        reference.memo = min(credit - rows.size * unit, unit + self.budget * array.nbytes)
         out.u64(rows.size)
         out.array(rows.astype(index))
         out.array(u[rows])
