@@ -77,7 +77,7 @@ def test_shard_replicates_only_blocks_short_of_k_copies() -> None:
     shard.push(_push(shard, 1, 0, [9, 17]))
     out = shard.end_clock(0)
     assert shard.version.tolist() == [1, 1, 1, 0, 0, 0, 0, 0]
-    assert out["counts"].tolist() == [1, 1, 1, 0, 0, 0, 0, 0]
+    assert (out["changed"].tolist(), out["counts"].tolist()) == ([0, 1, 2], [1, 1, 1])  # only what changed
     assert out["replicas"] == {}  # version 0 of blocks 0-2 is held by every worker
     for w in range(3):  # clock 1: everyone reads blocks 0 and 2; only worker 2 reads block 1
         shard.pull(w, np.array([0, 2] + ([1] if w == 2 else []), np.int64))
@@ -87,7 +87,7 @@ def test_shard_replicates_only_blocks_short_of_k_copies() -> None:
     # Block 1's recovery point (version 1, the end of clock 0) has one worker copy (worker 2's) where
     # k=3 needs two: its current version goes to one more worker's replica store, not to every worker.
     (copy,) = out["replicas"].values()
-    assert copy["blocks"].tolist() == [1] and copy["ver"].tolist() == [2]
+    assert copy["blocks"].tolist() == [1] and copy["meta"][:, 0].tolist() == [2]
     assert 2 not in out["replicas"]  # worker 2 already counts
     assert shard.copies(shard.version).tolist() == [3, 1, 3, 3, 3, 3, 3, 3]
     # Next clock the recovery point moves to version 2, which has one copy: one more push, then none.
@@ -109,7 +109,7 @@ def test_rebuilt_shard_refuses_traffic_and_replays_in_worker_order() -> None:
     rebuilt.recovering = True
     with pytest.raises(ServerRecoveringError, match="rebuilding its shard"):
         rebuilt.pull(0, blocks)
-    empty = empty_copy(n_state=1, workers=3)
+    empty = empty_copy(n_state=1, applied_columns=1)
     reports = [
         {"w": 0, "cache": cache, "replica": empty, "retained": [pushes[1]]},
         {"w": 1, "cache": empty, "replica": empty, "retained": [pushes[2]]},

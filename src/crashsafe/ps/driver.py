@@ -22,6 +22,7 @@ from numpy.typing import NDArray
 from crashsafe.ps.cluster import connect
 from crashsafe.ps.config import Failure, PSConfig
 from crashsafe.ps.errors import DataLossError, PSConfigError
+from crashsafe.ps.layout import BlockLayout
 from crashsafe.ps.messages import nbytes
 from crashsafe.ps.result import Recovery, RunResult
 from crashsafe.ps.server import ServerShard
@@ -145,7 +146,7 @@ class PSJob:
         self._pushed: dict[tuple[int, int], int] = {}
         self._computed: set[tuple[int, int]] = set()
         self._ended = [-1] * cfg.servers
-        self._expected: list[NDArray[np.int32]] = [np.zeros(0, np.int32)] * cfg.servers
+        self._expected = [np.zeros(hi - lo, np.int32) for lo, hi in self._ranges()]
         self._completed = -1
         self._ack = -1
         self._pending: dict[int, list[Any]] = {}  # replica copies riding on each worker's next clock
@@ -170,6 +171,11 @@ class PSJob:
         self._result.seconds = time.perf_counter() - begin
         self._finish()
         return self._result
+
+    def _ranges(self) -> list[tuple[int, int]]:
+        """Each server's range of global block ids."""
+        workload = make_workload(self.cfg.workload, self.cfg.seed, self.cfg.workload_options)
+        return BlockLayout(workload.tables(), self.cfg.servers).ranges
 
     def _finish(self) -> None:
         import ray
@@ -263,9 +269,9 @@ class PSJob:
                 for w, copy in out["replicas"].items():  # they ride on w's next clock (or a flush)
                     self._pending.setdefault(w, []).append(copy)
                     self._result.replica_bytes += nbytes(copy)
-                self._ended[s], self._expected[s] = clock, out["counts"]
-                if self.cfg.ft:
-                    self._result.version_bytes += int(out["counts"].nbytes)
+                self._ended[s] = clock
+                self._expected[s][out["changed"]] = out["counts"]
+                self._result.version_bytes += int(out["changed"].nbytes + out["counts"].nbytes)
             if trouble:
                 self._recover()
         self._completed = clock
@@ -476,7 +482,7 @@ class PSJob:
         )
         self._open.append((event, begin, self._completed))
         self._ended = [resume - 1] * self.cfg.servers
-        self._expected = list(counts)
+        self._expected = [np.array(c, np.int32) for c in counts]  # ray.get gives read-only arrays
         self._completed, self._ack, self._pending = resume - 1, resume - 1 - self.cfg.lag, {}
         raise _Rewind(resume)
 

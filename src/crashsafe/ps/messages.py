@@ -1,9 +1,11 @@
 """Plain-data messages between workers and servers (dicts of numpy arrays: no classes on the wire).
 
 ``Push``: ``{"w": worker, "t": clock, "rows": [rows per table], "grads": [grad rows per table]}``.
-``Copy``: ``{"blocks", "ver", "v" (flat values), "s" (state, n_state x len(v)), "applied", "n"}``:
-a block's value and optimizer state at a version, with, per worker, the last clock of that
-worker's updates it includes (``applied``) and how many block updates it includes (``n``).
+``Copy``: ``{"blocks", "v" (flat values), "s" (optimizer state, n_state x len(v); absent for SGD),
+"meta"}``: blocks' values and optimizer state at a version. ``meta`` is one int32 array, a row per
+block: version, number of block updates included, then the last clock of each worker's updates
+included (under BSP one column: whole clocks are applied in order). One array, not four: every
+array costs serialization time on each of the many small pulls.
 """
 
 from __future__ import annotations
@@ -13,22 +15,32 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["Copy", "Push", "empty_copy", "nbytes", "push_blocks"]
+__all__ = ["APPLIED", "COUNT", "VER", "Copy", "Push", "empty_copy", "nbytes", "pack_meta", "push_blocks"]
 
 Push = dict[str, Any]
 Copy = dict[str, Any]
 
 
-def empty_copy(n_state: int, workers: int) -> Copy:
+VER, COUNT, APPLIED = 0, 1, 2  # columns of a copy's "meta"
+
+
+def pack_meta(
+    version: NDArray[np.int64], count: NDArray[np.int64], applied: NDArray[np.int64]
+) -> NDArray[np.int32]:
+    """The ``meta`` rows of a copy (``applied`` has one column per worker, or one under BSP)."""
+    return np.column_stack([version, count, applied]).astype(np.int32)
+
+
+def empty_copy(n_state: int, applied_columns: int) -> Copy:
     """A copy holding no block."""
-    return {
+    copy: Copy = {
         "blocks": np.zeros(0, np.int64),
-        "ver": np.zeros(0, np.int64),
         "v": np.zeros(0, np.float32),
-        "s": np.zeros((n_state, 0), np.float32),
-        "applied": np.zeros((0, workers), np.int64),
-        "n": np.zeros(0, np.int64),
+        "meta": np.zeros((0, APPLIED + applied_columns), np.int32),
     }
+    if n_state:
+        copy["s"] = np.zeros((n_state, 0), np.float32)
+    return copy
 
 
 def nbytes(message: Any) -> int:

@@ -24,7 +24,7 @@ from crashsafe.ps import optim
 from crashsafe.ps.config import PSConfig
 from crashsafe.ps.errors import ServerRecoveringError
 from crashsafe.ps.layout import BlockLayout, ranges_index
-from crashsafe.ps.messages import Copy, Push, push_blocks
+from crashsafe.ps.messages import APPLIED, COUNT, VER, Copy, Push, pack_meta, push_blocks
 from crashsafe.ps.workloads import make_workload
 from crashsafe.storage.writer import delete_step
 
@@ -83,6 +83,7 @@ class ServerShard:
         self.holder = np.full((nb, nw), -1, np.int64)
         self.replica = np.full((nb, nw), -1, np.int64)
         self.ends: list[Ints] = []  # versions at the last `lag` clock ends, oldest first
+        self.reported = np.zeros(nb, np.int64)  # update counts as the driver last heard them
         self.buffer: dict[int, dict[int, Push]] = {}
 
     # -- data path -------------------------------------------------------------------------------
@@ -101,19 +102,18 @@ class ServerShard:
         return reply
 
     def _copy_meta(self, blocks: Ints) -> Copy:
+        """Optimizer state and metadata of ``blocks`` (what makes a pulled copy a replica)."""
         local = blocks - self.lo
-        bsp_applied = self.applied[local].max(axis=1, keepdims=True)
-        state = [self.layout.gather(self.state[n], self.bases, blocks) for n in self.state_names]
-        n_elems = int(sum(self.layout.block_elems(blocks)))
-        return {
-            "ver": self.version[local].astype(np.int32),  # int32 on the wire: metadata is overhead
-            # Under BSP whole clocks are applied in order, so the newest clock stands for all workers.
-            "applied": (bsp_applied if self.cfg.consistency == "bsp" else self.applied[local]).astype(
-                np.int32
-            ),
-            "n": self.n_applied[local].astype(np.int32),
-            "s": np.stack(state) if state else np.zeros((0, n_elems), np.float32),
-        }
+        # Under BSP whole clocks are applied in order, so the newest clock stands for all workers.
+        applied = self.applied[local]
+        if self.cfg.consistency == "bsp":
+            applied = applied.max(axis=1, keepdims=True)
+        out: Copy = {"meta": pack_meta(self.version[local], self.n_applied[local], applied)}
+        if self.state_names:
+            out["s"] = np.stack(
+                [self.layout.gather(self.state[n], self.bases, blocks) for n in self.state_names]
+            )
+        return out
 
     def push(self, push: Push) -> int:
         """Accept a worker's update: buffered until the clock ends (BSP) or applied now (SSP)."""
@@ -181,7 +181,13 @@ class ServerShard:
         if self.cfg.ft:
             replicas = self._replicate()
         self.ends = [*self.ends, self.version.copy()][-self.cfg.lag :]
-        return {"counts": self.n_applied.astype(np.int32), "replicas": replicas}
+        changed = np.flatnonzero(self.n_applied != self.reported) if self.cfg.ft else np.zeros(0, np.int64)
+        self.reported[changed] = self.n_applied[changed]
+        return {
+            "changed": changed.astype(np.int32),
+            "counts": self.n_applied[changed].astype(np.int32),
+            "replicas": replicas,
+        }
 
     def holds(self, versions: Ints) -> NDArray[np.bool_]:
         """Which workers hold a copy of each block at ``versions`` or newer (cache or replica store)."""
@@ -242,7 +248,7 @@ class ServerShard:
         for rep in reports:
             for kind, book in (("cache", self.holder), ("replica", self.replica)):
                 copy = rep[kind]
-                book[copy["blocks"] - self.lo, rep["w"]] = copy["ver"]
+                book[copy["blocks"] - self.lo, rep["w"]] = copy["meta"][:, VER]
                 best = self._adopt(copy, best)
         pushes = {(p["w"], p["t"]): p for rep in reports for p in rep["retained"]}
         replayed = 0
@@ -266,13 +272,14 @@ class ServerShard:
         if self.cfg.consistency == "bsp" and np.any(self.n_applied > counts):
             raise AssertionError(f"server {self.id}: replay applied more updates than were recorded")
         self.ends = [self.version.copy()] * self.cfg.lag  # the rebuilt state is the new recovery point
+        self.reported = counts.copy()
         self.recovering = missing.size > 0
         return {"missing": missing, "replayed": replayed, "copies_used": int(np.count_nonzero(best))}
 
     def _adopt(self, copy: Copy, best: Ints) -> Ints:
         """Take every block of ``copy`` that is newer than what we have."""
-        local = copy["blocks"] - self.lo
-        newer = copy["ver"] > self.version[local]
+        local, meta = copy["blocks"] - self.lo, copy["meta"]
+        newer = meta[:, VER] > self.version[local]
         if not newer.any():
             return best
         sizes = self.layout.block_elems(copy["blocks"])
@@ -281,10 +288,10 @@ class ServerShard:
         self.layout.scatter(copy["v"][elems], self.slabs, self.bases, blocks)
         for j, n in enumerate(self.state_names):
             self.layout.scatter(copy["s"][j, elems], self.state[n], self.bases, blocks)
-        self.version[take] = copy["ver"][newer]
-        self.applied[take] = copy["applied"][newer]
-        self.n_applied[take] = copy["n"][newer]
-        best[take] = copy["ver"][newer]
+        self.version[take] = meta[newer, VER]
+        self.n_applied[take] = meta[newer, COUNT]
+        self.applied[take] = meta[newer, APPLIED:]
+        best[take] = meta[newer, VER]
         return best
 
     # -- checkpoint baseline and restart from scratch --------------------------------------------
@@ -328,6 +335,7 @@ class ServerShard:
             self.applied[...] = shard["applied"]
             self.n_applied[...] = shard["n_applied"]
             self.ends = [self.version.copy()] * self.cfg.lag  # restored values are not regenerable
+        self.reported = self.n_applied.copy()
         if self.cfg.checkpoint_dir is not None:
             manager = self._open_manager()
             for old in manager.steps():

@@ -20,7 +20,7 @@ from crashsafe.ps import optim
 from crashsafe.ps.config import PSConfig
 from crashsafe.ps.errors import ServerRecoveringError
 from crashsafe.ps.layout import BlockLayout
-from crashsafe.ps.messages import Copy, Push, empty_copy, nbytes
+from crashsafe.ps.messages import APPLIED, COUNT, VER, Copy, Push, nbytes, pack_meta
 from crashsafe.ps.workloads import make_workload
 
 __all__ = ["BlockStore", "PSWorker", "server_unavailable"]
@@ -57,27 +57,25 @@ class BlockStore:
         blocks = copy["blocks"]
         self.layout.scatter(copy["v"], self.values, self.bases, blocks)
         self.clock[blocks] = clock
-        if "ver" in copy:
-            self.ver[blocks] = copy["ver"]
-            self.applied[blocks] = copy["applied"]
-            self.n[blocks] = copy["n"]
+        if "meta" in copy:
+            meta = copy["meta"]
+            self.ver[blocks] = meta[:, VER]
+            self.n[blocks] = meta[:, COUNT]
+            self.applied[blocks] = meta[:, APPLIED:]
             for j, n in enumerate(self.names):
                 self.layout.scatter(copy["s"][j], self.state[n], self.bases, blocks)
 
     def export(self, lo: int, hi: int) -> Copy:
         """The copies held for global blocks ``[lo, hi)``."""
         blocks = (np.flatnonzero(self.ver[lo:hi] >= 0) + lo).astype(np.int64)
-        if blocks.size == 0:
-            return empty_copy(len(self.names), self.workers)
-        state = [self.layout.gather(self.state[n], self.bases, blocks) for n in self.names]
-        return {
+        copy: Copy = {
             "blocks": blocks,
-            "ver": self.ver[blocks],
             "v": self.layout.gather(self.values, self.bases, blocks),
-            "s": np.stack(state) if state else np.zeros((0, 0), np.float32),
-            "applied": self.applied[blocks],
-            "n": self.n[blocks],
+            "meta": pack_meta(self.ver[blocks], self.n[blocks], self.applied[blocks]),
         }
+        if self.names:
+            copy["s"] = np.stack([self.layout.gather(self.state[n], self.bases, blocks) for n in self.names])
+        return copy
 
 
 class PSWorker:
