@@ -57,12 +57,13 @@ def _push(shard: ServerShard, worker: int, clock: int, rows: list[int]) -> dict[
     return {"w": worker, "t": clock, "rows": [r], "grads": [np.full((r.size, 1), 0.5, np.float32)]}
 
 
-def _shard(replicas: int) -> ServerShard:
+def _shard(replicas: int, lag: int = 1) -> ServerShard:
     config = PSConfig(
         workload="sparse_lr",
         servers=1,
         workers=3,
         replicas=replicas,
+        recovery_lag=lag,  # default 1 here: the recovery point is the previous clock's end
         workload_options={"buckets": 64, "block_rows": 8, "samples": 64},
     )
     return ServerShard(config.to_dict(), 0, restarted=False)
@@ -94,6 +95,19 @@ def test_shard_replicates_only_blocks_short_of_k_copies() -> None:
     assert [c["blocks"].tolist() for c in shard.end_clock(2)["replicas"].values()] == [[1]]
     assert shard.copies(shard.version).tolist() == [3, 2, 3, 3, 3, 3, 3, 3]
     assert shard.end_clock(3)["replicas"] == {}
+
+
+def test_longer_recovery_lag_lets_a_recent_pull_count() -> None:
+    shard = _shard(replicas=2, lag=2)
+    one = np.array([1], np.int64)
+    for clock in range(2):  # worker 0 reads and updates block 1 twice
+        shard.pull(0, one)
+        shard.push(_push(shard, 0, clock, [9]))
+        assert shard.end_clock(clock)["replicas"] == {}
+    # Recovery point = version at the end of clock 0 (v1); worker 0's copy (v1) still counts.
+    assert shard.end_clock(2)["replicas"] == {}
+    # Now the recovery point is v2, which no worker holds: one replica.
+    assert [c["blocks"].tolist() for c in shard.end_clock(3)["replicas"].values()] == [[1]]
 
 
 def test_rebuilt_shard_refuses_traffic_and_replays_in_worker_order() -> None:

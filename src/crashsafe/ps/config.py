@@ -24,9 +24,11 @@ class PSConfig:
     when more copies fail than ``replicas`` tolerates), ``"checkpoint"`` (periodic shard
     checkpoints, rollback of every worker), ``"none"`` (restart from scratch).
     ``replicas`` is k: every block keeps k copies of its recovery point, the server's included.
-    ``recovery_lag`` L: the recovery point is the version at the end of the clock L clocks back
-    (default 1 under BSP, ``staleness + 1`` under SSP, where caches lag that much); workers keep
-    L + 1 clocks of updates, and a larger L needs fewer replica pushes.
+    ``recovery_lag`` L: a block's recovery point is its version at the end of the clock L clocks
+    back, and workers keep L + 1 clocks of unacknowledged updates. A larger L needs fewer replica
+    pushes (a block touched again, or pulled, within L clocks needs none) and more worker memory.
+    Default 4 under BSP; ``2 * staleness + 2`` under SSP, the most a worker's cached copy can trail
+    the slowest worker's clock.
     """
 
     workload: str = "sparse_lr"
@@ -93,7 +95,7 @@ class PSConfig:
         """Clocks between a block's recovery point and the newest clock end (see ``recovery_lag``)."""
         if self.recovery_lag is not None:
             return self.recovery_lag
-        return self.staleness + 1 if self.consistency == "ssp" else 1
+        return 2 * self.staleness + 2 if self.consistency == "ssp" else 4
 
     def shard_dir(self, server: int) -> Path:
         """Checkpoint directory of one server's shard."""
