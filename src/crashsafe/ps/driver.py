@@ -152,6 +152,7 @@ class PSJob:
         self._pending: dict[int, list[Any]] = {}  # replica copies riding on each worker's next clock
         self._open: list[tuple[Recovery, float, int]] = []
         self._kill_time: float | None = None
+        self._relaunch_seconds = float("nan")
         self._relaunched: set[int] = set()
         self._clock_losses: dict[int, list[float]] = {}
         self._inflight: dict[Any, tuple[int, int]] = {}
@@ -357,6 +358,7 @@ class PSJob:
                 targets, [True] * len(f.servers) + [False] * len(f.workers), strict=True
             ):
                 _wait_relaunched(actor, pid, is_server)
+            self._relaunch_seconds = time.perf_counter() - self._kill_time
             for w in f.workers:
                 self._worker_lost(w)
             if f.workers:
@@ -395,23 +397,25 @@ class PSJob:
             self._collect(list(self._inflight))
         self._flush_replicas()
         begin = self._kill_time if self._kill_time is not None else time.perf_counter()
-        self._kill_time = None
+        relaunch, self._kill_time, self._relaunch_seconds = self._relaunch_seconds, None, float("nan")
         bad = [s for s, rec in enumerate(self._statuses()) if rec]
         workers, self._relaunched = sorted(self._relaunched), set()
         if not bad:
             if workers:
                 self._open.append(
-                    (Recovery(self._completed + 1, [], workers, "worker"), begin, self._completed)
+                    (
+                        Recovery(self._completed + 1, [], workers, "worker", relaunch_seconds=relaunch),
+                        begin,
+                        self._completed,
+                    )
                 )
                 self._close_recoveries()
             return
         if self.cfg.mode == "none":
-            self._rollback(
-                None, bad, workers, begin, "restart", "no fault tolerance: restarting from scratch"
-            )
+            self._rollback(None, bad, workers, (begin, relaunch), "restart", "no fault tolerance: restarting")
         if self.cfg.mode == "checkpoint":
-            self._rollback(self._checkpoint_step(), bad, workers, begin, "checkpoint", "")
-        event = Recovery(self._completed + 1, bad, workers, "replica")
+            self._rollback(self._checkpoint_step(), bad, workers, (begin, relaunch), "checkpoint", "")
+        event = Recovery(self._completed + 1, bad, workers, "replica", relaunch_seconds=relaunch)
         missing: dict[int, NDArray[np.int64]] = {}
         for s in bad:
             reports = [self._report(w, s) for w in range(self.cfg.workers)]
@@ -436,7 +440,7 @@ class PSJob:
             step = self._checkpoint_step()
             msg += f"; rolling back every server and worker to checkpoint step {step}"
             warnings.warn(msg, DataLossWarning, stacklevel=2)
-            self._rollback(step, bad, workers, begin, "checkpoint", msg)
+            self._rollback(step, bad, workers, (begin, relaunch), "checkpoint", msg)
         self._open.append((event, begin, self._completed))
         self._close_recoveries()
 
@@ -462,9 +466,17 @@ class PSJob:
         return max(common) if common else None
 
     def _rollback(
-        self, step: int | None, bad: list[int], workers: list[int], begin: float, kind: str, message: str
+        self,
+        step: int | None,
+        bad: list[int],
+        workers: list[int],
+        when: tuple[float, float],
+        kind: str,
+        message: str,
     ) -> None:
-        """Every server back to checkpoint ``step`` (None: initial values), every worker emptied."""
+        """Every server back to checkpoint ``step`` (None: initial values), every worker emptied.
+
+        ``when``: the failure's start time and how long Ray took to relaunch the actors."""
         import ray
 
         counts = ray.get([s.restore_checkpoint.remote(step) for s in self.servers])
@@ -479,8 +491,9 @@ class PSJob:
             recomputed_clocks=self._completed + 1 - resume,
             discarded_updates=discarded,
             message=message,
+            relaunch_seconds=when[1],
         )
-        self._open.append((event, begin, self._completed))
+        self._open.append((event, when[0], self._completed))
         self._ended = [resume - 1] * self.cfg.servers
         self._expected = [np.array(c, np.int32) for c in counts]  # ray.get gives read-only arrays
         self._completed, self._ack, self._pending = resume - 1, resume - 1 - self.cfg.lag, {}

@@ -19,7 +19,9 @@ class Recovery:
     server and worker to a checkpoint), ``"restart"`` (from scratch). ``seconds`` runs from the
     failure until the job again reached the progress it had then. ``recomputed_clocks`` are clocks
     the whole job ran a second time; ``discarded_updates`` are applied block updates thrown away;
-    ``replayed_pushes`` are retained worker pushes a rebuilt server re-applied.
+    ``replayed_pushes`` are retained worker pushes a rebuilt server re-applied;
+    ``relaunch_seconds`` is the part of ``seconds`` Ray took to bring the killed actors back (known
+    for injected failures), the same for every recovery method.
     """
 
     clock: int
@@ -31,6 +33,7 @@ class Recovery:
     discarded_updates: int = 0
     replayed_pushes: int = 0
     message: str = ""
+    relaunch_seconds: float = float("nan")
 
 
 @dataclass
