@@ -110,7 +110,7 @@ def test_damaged_streams_and_tables_are_refused() -> None:
     with pytest.raises(CodecError):  # more tokens than the caller allows
         read_stream(FrameReader(data, b"T", "test"), table, tokens.size - 1)
     lanes = bytearray(data)
-    lanes[1 + 16] ^= 0x40  # first lane offset (after count and nbits) points elsewhere
+    lanes[1 + 8] ^= 0x40  # first lane offset (after count and nbits) points elsewhere
     with pytest.raises(CodecError, match="damaged"):
         read_stream(FrameReader(bytes(lanes), b"T", "test"), table, tokens.size)
     with pytest.raises(CodecError, match="prefix code"):

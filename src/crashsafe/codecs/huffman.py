@@ -208,8 +208,8 @@ def write_stream(out: FrameWriter, table: HuffmanTable, tokens: np.ndarray[Any, 
     words[first + 1] |= np.bitwise_or.reduceat((value >> 1) >> (63 - shift), starts)
     count = tokens.size
     lanes = np.minimum(np.arange(0, count, LANE), max(count - LANE, 0))
-    out.u64(count)
-    out.u64(nbits)
+    out.u32(count)
+    out.u32(nbits)
     out.array(np.diff(pos[lanes]).astype(np.uint16))
     out.array(words.view(np.uint8)[: (nbits + 7) // 8])
 
@@ -218,8 +218,8 @@ def read_stream(
     src: FrameReader, table: HuffmanTable, max_count: int
 ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
     """Inverse of :func:`write_stream`: (tokens, extra bits), both int64; at most ``max_count``."""
-    count = src.u64()
-    nbits = src.u64()
+    count = src.u32()
+    nbits = src.u32()
     nlanes = -(-count // LANE)
     if not 0 < count <= max_count or nbits > (MAX_LEN + int(table.extra.max())) * count:
         raise CodecError(f"{src.what} payload has a damaged token stream header")

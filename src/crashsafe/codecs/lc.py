@@ -97,8 +97,7 @@ class LC(DeltaCodec):
         out = FrameWriter(MAGIC)
         for field in (VERSION, _DELTA, fmt.code, self.bits, _REPS.index(self.rep)):
             out.u8(field)
-        out.u64(u.size)
-        out.u32(BLOCK)
+        out.u8(BLOCK.bit_length() - 1)
         out.u8(k)
         out.array(buckets.reps)
         extras = zeroruns.alphabet(min(BLOCK, u.size), k) if k else None
@@ -180,14 +179,14 @@ class LC(DeltaCodec):
         src.expect(self.bits, src.u8(), "bits")
         src.expect(_REPS.index(self.rep), src.u8(), "rep")
         r = reference.array.reshape(-1)
-        src.expect(r.size, src.u64(), "element count")
-        block = src.u32()
+        log_block = src.u8()
         k = src.u8()
-        if not 0 < block <= 1 << 26 or k >= 1 << self.bits:
+        if log_block > 26 or k >= 1 << self.bits:
             raise CodecError("lc payload has a damaged header")
         reps = src.array(fmt.compute, k)
         if not np.all(np.isfinite(reps)):
             raise CodecError("lc payload has non-finite bucket values")
+        block = 1 << log_block
         extras = zeroruns.alphabet(min(block, r.size), k) if k else None
         table = reference.memo if isinstance(reference.memo, HuffmanTable) else None
         for start in range(0, r.size, block):
