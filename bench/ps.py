@@ -98,8 +98,8 @@ def overhead(
                 "consistency": consistency,
                 "optimizer": optimizer,
                 "k": k,
-                "wall_overhead": statistics.median(wall[(mode, k)]) / base_wall - 1,
-                "cpu_overhead": statistics.median(cpu[(mode, k)]) / base_cpu - 1,
+                "wall_overhead": paired(wall, (mode, k)),
+                "cpu_overhead": paired(cpu, (mode, k)),
                 "base_clocks_per_s": clocks / base_wall,
                 "replica_bytes": r.replica_bytes / clocks,
                 "pull_extra_bytes": r.ft_pull_bytes / clocks,
@@ -202,9 +202,9 @@ def write_report(
         "",
         "## Throughput overhead of FreeLauncher against no fault tolerance (failure-free runs)",
         "",
-        "Overhead = median over repeats of (time with FreeLauncher / time without fault tolerance in the same "
-        "repeat) - 1. Target: at most 5 % for dense BSP, at most 15 % for sparse or SSP. Bytes are per clock "
-        "(whole job).",
+        "Overhead = median over repeats of (time with FreeLauncher / time without fault tolerance in the "
+        "same repeat) - 1. Target: at most 5 % for dense BSP, at most 15 % for sparse or SSP. Bytes are per "
+        "clock (whole job).",
         "",
         "| workload | BSP/SSP | k | no-FT clocks/s | wall overhead | CPU overhead | target | met (wall/CPU) "
         "| replica pushes | extra pull bytes | count tables | no-FT pull bytes |",
