@@ -59,7 +59,7 @@ def protected_steps(
 def read_step(root: Path, step: int) -> tuple[Manifest, list[np.ndarray[Any, Any]]]:
     """The manifest of ``step`` and every payload decoded (storage dtype), through delta chains."""
     target = read_manifest(root, step)
-    manifests = {step: target}
+    manifests: dict[int, dict[str, list[PayloadEntry]]] = {step: _by_path(target)}
     plan: dict[int, list[tuple[int, PayloadEntry]]] = {}
     for i, entry in enumerate(target.payloads):
         for at, link in _chain(root, step, entry, manifests):
@@ -92,7 +92,7 @@ def read_step(root: Path, step: int) -> tuple[Manifest, list[np.ndarray[Any, Any
 
 
 def _chain(
-    root: Path, step: int, entry: PayloadEntry, manifests: dict[int, Manifest]
+    root: Path, step: int, entry: PayloadEntry, manifests: dict[int, dict[str, list[PayloadEntry]]]
 ) -> list[tuple[int, PayloadEntry]]:
     """(step, entry) from the full payload up to ``entry``, every link validated."""
     links = [(step, entry)]
@@ -102,13 +102,13 @@ def _chain(
         where = f"checkpoint step {step} in {root}: payload '{entry.path}'"
         if base not in manifests:
             try:
-                manifests[base] = read_manifest(root, base)
+                manifests[base] = _by_path(read_manifest(root, base))
             except NoCheckpointError:
                 raise CorruptCheckpointError(
                     f"{where} is a delta whose base step {base} is missing (deleted outside crashsafe?); "
                     "restore another step"
                 ) from None
-        found = [p for p in manifests[base].payloads if p.path == entry.path]
+        found = manifests[base].get(entry.path, [])
         if len(found) != 1:
             raise CorruptCheckpointError(f"{where}: base step {base} does not hold this path")
         prior = found[0]
@@ -125,3 +125,10 @@ def _chain(
         links.append((base, prior))
         link = prior
     return links[::-1]
+
+
+def _by_path(manifest: Manifest) -> dict[str, list[PayloadEntry]]:
+    index: dict[str, list[PayloadEntry]] = {}
+    for payload in manifest.payloads:
+        index.setdefault(payload.path, []).append(payload)
+    return index
