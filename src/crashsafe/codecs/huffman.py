@@ -138,7 +138,7 @@ class HuffmanTable:
     @cached_property
     def lut(self) -> np.ndarray[Any, Any]:
         """Next ``maxlen`` stream bits -> token | code length << 16 | code+extra length << 24."""
-        lut = np.full(1 << self.maxlen, _BAD, dtype=np.int64)
+        lut = np.full(1 << self.maxlen, _BAD, dtype=np.int32)  # entries fit in 30 bits
         tokens = np.flatnonzero(self.lengths)
         lengths = self.lengths[tokens]
         copies = np.int64(1) << (self.maxlen - lengths)  # a code fills every index ending in it
@@ -146,13 +146,8 @@ class HuffmanTable:
         nth = np.arange(int(copies.sum()), dtype=np.int64) - np.repeat(first, copies)
         index = np.repeat(self.codes[tokens], copies) | (nth << np.repeat(lengths, copies))
         entries = tokens | (lengths << 16) | ((lengths + self.extra[tokens]) << 24)
-        lut[index] = np.repeat(entries, copies)
+        lut[index] = np.repeat(entries, copies).astype(np.int32)
         return lut
-
-    @cached_property
-    def lut32(self) -> np.ndarray[Any, Any]:
-        """:attr:`lut` as int32 (entries fit in 30 bits; narrower is faster to gather)."""
-        return self.lut.astype(np.int32)
 
     def to_bytes(self) -> bytes:
         """Code lengths as nibbles up to the last coded token, zstd-compressed when that is smaller.
@@ -235,7 +230,7 @@ def read_stream(
         by_byte[:, bit] = (windows[: nbytes + 1] >> bit) & mask
     peek: np.ndarray[Any, Any] = by_byte.reshape(-1)  # peek[p]: the next maxlen bits at bit p
     steps = min(count, LANE)
-    lut = table.lut32
+    lut = table.lut
     pos = starts.astype(np.int32)
     tmp = np.empty(nlanes, dtype=np.int32)
     window = np.empty(nlanes, dtype=np.int32)
