@@ -129,11 +129,16 @@ def test_a_restart_starts_new_chains_and_old_ones_still_restore(tmp_path: Path) 
 
 
 @pytest.mark.timeout(60)
-def test_damage_in_a_base_falls_back_before_it_and_the_next_save_is_full(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "codec", [LC(full_every=6), Incremental(full_every=6), Scar(0.1, 6), TopN(0.1, 6)], ids=str
+)
+def test_damage_in_a_base_falls_back_before_it_and_the_next_save_is_full(
+    tmp_path: Path, codec: DeltaCodec
+) -> None:
     model, optim = make_job()
-    mirror = Mirror(CODECS["model.*"])  # type: ignore[arg-type]
+    mirror = Mirror(codec)
     recons = {}
-    mgr = cs.CheckpointManager(tmp_path, keep_last=None, codec=CODECS)
+    mgr = cs.CheckpointManager(tmp_path, keep_last=None, codec={"model.*": codec, "*": Incremental(3)})
     for step in range(5):
         train_step(model, optim, step)
         recons[step] = mirror.save({f"model.{k}": as_numpy(v) for k, v in model.state_dict().items()})
@@ -141,7 +146,7 @@ def test_damage_in_a_base_falls_back_before_it_and_the_next_save_is_full(tmp_pat
     mgr.wait()
     victim = mgr.manifest(2)
     entry = next(e for e in victim.payloads if e.path == "model.0.weight" and e.base == 1)
-    with open(step_dir(tmp_path, 2) / entry.file, "r+b") as f:  # flip real bytes of an LC payload
+    with open(step_dir(tmp_path, 2) / entry.file, "r+b") as f:  # flip real bytes of its payload
         f.seek(entry.offset + entry.nbytes // 2)
         byte = f.read(1)
         f.seek(-1, 1)
