@@ -13,11 +13,12 @@ digits MLP, sparse hashed logistic regression, matrix factorization), BSP and SS
   run -- against checkpoint-and-rollback at its best interval (the interval with the shortest
   failure run among ``CKPT_INTERVALS``) and against a restart from scratch.
 
-    python -m bench ps [--quick] [--repeat=N]
+    python -m bench ps [--quick] [--repeat=N] [--report-only]
 """
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import statistics
@@ -125,6 +126,7 @@ def recovery(job: PSJob, workload: str, consistency: str, clocks: int, kill_at: 
             "consistency": consistency,
             "method": name,
             "seconds": event.seconds,
+            "relaunch": event.relaunch_seconds,
             "recomputed": event.recomputed_clocks,
             "lost": result.updates_lost,
             "discarded": event.discarded_updates,
@@ -349,6 +351,14 @@ def plot(over: list[dict[str, Any]], rec: list[dict[str, Any]]) -> None:
 
 
 def main(argv: list[str]) -> None:
+    raw = RESULTS / "ps.json"
+    if "--report-only" in argv:  # rewrite ps.md and ps.png from the numbers of the last run
+        saved = json.loads(raw.read_text())
+        write_report(
+            saved["overhead"], saved["recovery"], saved["args"], tuple(saved["load"]), saved["seconds"]
+        )
+        plot(saved["overhead"], saved["recovery"])
+        return
     quick = "--quick" in argv
     repeat = next((int(a.split("=", 1)[1]) for a in argv if a.startswith("--repeat=")), 1 if quick else 5)
     clocks = 12 if quick else 40
@@ -366,13 +376,14 @@ def main(argv: list[str]) -> None:
             for consistency in ("bsp", "ssp"):
                 print(f"  recovery {workload} {consistency}", flush=True)
                 rec += recovery(job, workload, consistency, clocks=24, kill_at=16)
-    cmd = "".join(f" {a}" for a in argv)
-    write_report(
-        over,
-        rec,
-        {"cmd": cmd, "clocks": clocks, "repeat": repeat},
-        (load0, os.getloadavg()[0]),
-        time.perf_counter() - begin,
+    args = {"cmd": "".join(f" {a}" for a in argv), "clocks": clocks, "repeat": repeat}
+    load, seconds = (load0, os.getloadavg()[0]), time.perf_counter() - begin
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    raw.write_text(
+        json.dumps(
+            {"overhead": over, "recovery": rec, "args": args, "load": load, "seconds": seconds}, indent=1
+        )
     )
+    write_report(over, rec, args, load, seconds)
     plot(over, rec)
     print((RESULTS / "ps.md").read_text())
