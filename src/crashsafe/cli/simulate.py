@@ -83,8 +83,9 @@ def simulate_cmd(
             row[2] += f" ({r.unfinished} DNF)"
         table.add_row(*row)
     console.print(table)
-    console.print("overhead = stalls + lost work + restarts (mean ±95% CI); weighted = stalls + restarts + "
-                  "rolled-back loss decrease priced at the job's mean convergence rate; vs 1st = paired ratio")
+    console.print("overhead = stalls + lost work + restarts (mean ±95% CI); weighted = stalls + restarts "
+                  "+ rolled-back loss decrease priced at the job's mean convergence rate; "
+                  "vs 1st = paired ratio")
     plot_comparison(results, profile, plot, title=f"MTBF {mtbf}, checkpoint {ckpt_cost}")
     console.print(f"plot: {plot}")
 

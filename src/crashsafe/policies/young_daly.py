@@ -11,6 +11,7 @@ R = time to restart after a failure; the interval τ is *compute* time between c
 
 from __future__ import annotations
 
+import functools
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
@@ -40,6 +41,11 @@ def young_interval(cost: float, mtbf: float) -> float:
 def daly_interval(cost: float, mtbf: float, exact: bool = False) -> float:
     """Daly's optimum: the higher-order series, or (``exact``) the Lambert-W minimiser of his model."""
     _check(cost, mtbf)
+    return _daly(float(cost), float(mtbf), bool(exact))
+
+
+@functools.lru_cache(maxsize=1024)  # policies ask at every step, with a cost that rarely changes
+def _daly(cost: float, mtbf: float, exact: bool) -> float:
     if math.isinf(mtbf):
         return math.inf
     if exact:
