@@ -142,6 +142,32 @@ def test_in_place_write_through_a_view_fetched_inside_an_unscoped_transaction(sh
         assert shelf["w"].tolist() == [0, 0, 1, 1, 1, 1, 1, 1]
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_empty_computes_state_in_place_without_a_copy(shm_dir: Path, mode: str) -> None:
+    path = shm_dir / "s"
+    a = np.arange(12.0).reshape(3, 4)
+    with Shelf(path, size="1MiB", tx_mode=mode) as shelf:
+        shelf["c"] = np.zeros((3, 3))
+        old = shelf["c"]
+        with pytest.raises(ShelfError, match="inside a transaction"):
+            shelf.empty("c", (3, 3))
+        with shelf.transaction():
+            out = shelf.empty("c", (3, 3))
+            np.dot(a[:, :3], a[:, :3].T, out=out)
+            assert np.all(old == 0)  # the committed value stays readable until the commit
+            used = shelf.used
+            shelf.update({"c": out, "n": 1})  # already in place: nothing is copied
+            assert shelf.used == used and shelf["c"] is out
+        assert np.array_equal(shelf["c"], a[:, :3] @ a[:, :3].T) and not out.flags.writeable
+        with pytest.raises(RuntimeError), shelf.transaction():
+            shelf.empty("c", (2, 2))[:] = 5
+            shelf.empty("new", 4, np.int32)[:] = 1
+            raise RuntimeError
+        assert shelf["c"].shape == (3, 3) and "new" not in shelf
+    with Shelf(path) as shelf:
+        assert np.array_equal(shelf["c"], a[:, :3] @ a[:, :3].T) and shelf["n"] == 1
+
+
 def test_resize_replace_delete_and_space_reuse(shm_dir: Path) -> None:
     with Shelf(shm_dir / "s", size="1MiB", tx_mode="shadow") as shelf:
         shelf["v"] = np.arange(6, dtype=np.int64)
@@ -253,6 +279,12 @@ def test_lifecycle_errors(shm_dir: Path) -> None:
         warnings.simplefilter("error")
         with Shelf(path) as again:
             assert np.all(again["x"] == 1)
+
+
+def test_an_unclosed_shelf_unlocks_when_collected(shm_dir: Path) -> None:
+    Shelf(shm_dir / "s", size="1MiB")["x"] = 1  # never closed
+    with Shelf(shm_dir / "s") as shelf:
+        assert shelf["x"] == 1
 
 
 def test_power_durability_on_disk(tmp_path: Path) -> None:

@@ -81,19 +81,21 @@ def test_generated_mnist_like_data() -> None:
     assert np.array_equal(x, mnist_like(n=500))
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", [*MODES, "shelf-undo"])
 @pytest.mark.parametrize("algo", ["kmeans", "gmm"])
 def test_every_mode_resumes_to_the_uninterrupted_result(tmp_path: Path, mode: str, algo: str) -> None:
+    """Shelf (shadow) computes the state straight into shelf blocks; shelf-undo copies it in place."""
+    mode, tx_mode = ("shelf", "undo") if mode == "shelf-undo" else (mode, "shadow")
     x = blobs(600, 6, 4, seed=3)
     def make() -> KMeans | GMM:
         return KMeans(k=4, seed=0, tol=None) if algo == "kmeans" else GMM(k=3, seed=0, tol=None)
 
     reference = fit(make(), x, 12)
-    store = open_store(mode, tmp_path / "first")
+    store = open_store(mode, tmp_path / "first", tx_mode=tx_mode)
     first = run(make(), x, store, 5)
     store.close()
     assert first.resumed_from is None and first.state["iteration"] == 5 and len(first.checkpoint_times) == 5
-    store = open_store(mode, tmp_path / "first")
+    store = open_store(mode, tmp_path / "first", tx_mode=tx_mode)
     second = run(make(), x, store, 12)
     store.close()
     assert second.resumed_from == 5 and second.state["iteration"] == 12

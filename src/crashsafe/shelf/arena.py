@@ -23,6 +23,7 @@ import fcntl
 import mmap
 import os
 import re
+import weakref
 from pathlib import Path
 from typing import Literal
 
@@ -83,6 +84,7 @@ class Arena:
         self.map_sync = False
         self.mm = self._map()
         self.closed = False
+        self._close_fd = weakref.finalize(self, os.close, fd)  # an unclosed shelf still unlocks on GC
 
     @classmethod
     def open(cls, path: Path, durability: Durability) -> Arena:
@@ -197,17 +199,11 @@ class Arena:
         if self.durability == "power":
             os.fdatasync(self.fd)
 
-    def close(self) -> bool:
-        """Unmap (unless views are still alive: then the mapping dies with them) and unlock.
-
-        Returns whether the mapping was released now."""
+    def close(self) -> None:
+        """Unmap (unless views are still alive: then the mapping dies with them) and unlock."""
         if self.closed:
-            return True
+            return
         self.closed = True
-        released = True
-        try:
+        with contextlib.suppress(BufferError):  # user-held views keep the mapping alive
             self.mm.close()
-        except BufferError:
-            released = False  # user-held views keep the mapping alive until they are dropped
-        os.close(self.fd)
-        return released
+        self._close_fd()

@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import math
 import os
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Iterable, Iterator, MutableMapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
@@ -255,10 +256,28 @@ class Shelf(MutableMapping[str, Any]):
         kind, data = _coerce(name, value)
         self._change(lambda tx: self._set(tx, name, kind, data))
 
+    def update(self, other: Any = (), /, **kwargs: Any) -> None:
+        """Assign many variables at once, in the open transaction or in one of their own."""
+        self._check_open()
+        pairs = other.items() if isinstance(other, Mapping) else other
+        changes = []
+        for name, value in [*pairs, *kwargs.items()]:
+            if not isinstance(name, str) or not name:
+                raise UnsupportedStateError(f"shelf variable names are non-empty strings, got {name!r}")
+            changes.append((name, *_coerce(name, value)))
+
+        def apply(tx: _Tx) -> None:
+            for name, kind, data in changes:
+                self._set(tx, name, kind, data)
+
+        self._change(apply)
+
     def _set(self, tx: _Tx, name: str, kind: str, data: Any) -> None:
         work = self._work
         old = work.get(name)
-        if kind == "scalar":
+        if old is not None and kind == "array" and self._is_live_block_view(tx, old, data):
+            pass  # the value already is the variable's writable block (see empty())
+        elif kind == "scalar":
             work[name] = Entry("scalar", old.version if old else 0, value=data)
             if old is not None and old.has_block:
                 self._drop_block(tx, old)
@@ -295,6 +314,30 @@ class Shelf(MutableMapping[str, Any]):
     def __contains__(self, name: object) -> bool:
         self._check_open()
         return name in self._tx_vars()
+
+    def empty(self, name: str, shape: int | Iterable[int], dtype: Any = np.float64) -> _Array:
+        """A writable array variable ``name`` to compute into, inside a transaction; its contents
+        are undefined until you write them (like ``np.empty``).
+
+        This is how state can live on the shelf with no copy at all:
+        ``np.dot(a, b, out=shelf.empty("c", (n, n)))``. It is a fresh block (whatever ``tx_mode``)
+        that replaces ``name`` at commit, so the old value stays readable until then.
+        """
+        self._check_open()
+        tx = self._tx
+        if tx is None:
+            raise ShelfError("empty() hands out an array to fill inside a transaction: call it within "
+                             "`with shelf.transaction():`")
+        new_shape = (shape,) if isinstance(shape, int) else tuple(int(s) for s in shape)
+        dt = np.dtype(dtype)
+        if dt not in DTYPE_NAMES:
+            raise UnsupportedStateError(f"shelf.empty({name!r}): dtype {dt} is not a native numeric dtype")
+        self._mark_begun(tx)
+        nbytes = math.prod(new_shape) * dt.itemsize
+        entry = self._fresh_block(tx, name, "array", DTYPE_NAMES[dt], new_shape, nbytes, self._work.get(name))
+        tx.dirty.add(name)
+        tx.changed.add(name)
+        return self._view(name, entry)
 
     def resize(self, name: str, shape: int | Iterable[int]) -> None:
         """Give array ``name`` a new shape; its leading bytes are kept, new elements are zero."""
@@ -399,14 +442,16 @@ class Shelf(MutableMapping[str, Any]):
         try:
             changed, deleted = [], []
             blocks_written = False
+            committed_vars, mv = meta.vars, self._mv
             for name in tx.dirty | tx.changed:
-                old, entry = meta.vars.get(name), work.get(name)
+                old, entry = committed_vars.get(name), work.get(name)
                 if entry is None:
                     if old is not None:
                         deleted.append(name)
                     continue
-                if entry.has_block:
-                    entry = entry._replace(digest=self._digest(entry.offset, entry.nbytes))
+                if entry.kind != "scalar":
+                    digest = xxhash.xxh3_64_intdigest(mv[entry.offset : entry.offset + entry.nbytes])
+                    entry = entry._replace(digest=digest)
                     blocks_written = True
                 work[name] = entry = _versioned(old, entry)
                 if old is None or entry.version != old.version:
@@ -498,19 +543,24 @@ class Shelf(MutableMapping[str, Any]):
 
     def _put_block(self, tx: _Tx, name: str, kind: str, data: Any, old: Entry | None) -> None:
         """Write ``data`` into a fresh block and point ``name`` at it (a shadow copy)."""
-        nbytes = int(data.nbytes) if kind == "array" else len(data)
-        offset = self._alloc_block(nbytes, f"{name!r} ({nbytes} bytes)")
-        tx.new_blocks.add(offset)
         if kind == "array":
-            version = old.version if old else 0
-            entry = Entry("array", version, DTYPE_NAMES[data.dtype], tuple(data.shape), offset, nbytes)
+            entry = self._fresh_block(tx, name, kind, DTYPE_NAMES[data.dtype], tuple(data.shape),
+                                      int(data.nbytes), old)
             _copy(self._typed(entry), data)
         else:
-            entry = Entry(kind, old.version if old else 0, offset=offset, nbytes=nbytes)  # type: ignore[arg-type]
-            self._mv[offset : offset + nbytes] = data
+            entry = self._fresh_block(tx, name, kind, "", (), len(data), old)
+            self._mv[entry.offset : entry.offset + entry.nbytes] = data
+
+    def _fresh_block(self, tx: _Tx, name: str, kind: str, dtype: str, shape: tuple[int, ...], nbytes: int,
+                     old: Entry | None) -> Entry:
+        """Point ``name`` at a newly allocated block (the old one is freed at commit)."""
+        offset = self._alloc_block(nbytes, f"{name!r} ({nbytes} bytes)")
+        tx.new_blocks.add(offset)
+        entry = Entry(kind, old.version if old else 0, dtype, shape, offset, nbytes)  # type: ignore[arg-type]
         self._work[name] = entry
         if old is not None and old.has_block:
             self._drop_block(tx, old)
+        return entry
 
     def _drop_block(self, tx: _Tx, entry: Entry) -> None:
         self._set_views_readonly(entry.offset)
@@ -612,6 +662,12 @@ class Shelf(MutableMapping[str, Any]):
         if entry.offset in tx.new_blocks:
             return True
         return entry.offset in tx.undo and (tx.scope is None or name in tx.scope)
+
+    def _is_live_block_view(self, tx: _Tx, entry: Entry, data: Any) -> bool:
+        """Is ``data`` a view handed out for ``entry``'s block, writable in this transaction?"""
+        if entry.kind != "array" or (entry.offset not in tx.new_blocks and entry.offset not in tx.undo):
+            return False
+        return any(ref() is data for ref in self._views.get(entry.offset, ()))
 
     def _digest(self, offset: int, nbytes: int) -> int:
         return xxhash.xxh3_64_intdigest(self._mv[offset : offset + nbytes])

@@ -33,27 +33,25 @@ from typing import Any, Protocol
 import numpy as np
 
 from crashsafe.errors import CrashsafeError
+from crashsafe.workloads.iterative import Algorithm, Allocate
 
-__all__ = ["MODES", "Algorithm", "RunResult", "Store", "main", "open_store", "run"]
+__all__ = ["MODES", "RunResult", "Store", "UnreadableCheckpointError", "main", "open_store", "run"]
 
 MODES = ("shelf", "savez", "savez-safe", "pickle", "torch.save", "manager")
 _Array = np.ndarray[Any, Any]
 
 
-class Algorithm(Protocol):
-    """An iterative algorithm whose whole state between iterations is a flat dict."""
-
-    name: str
-
-    def init_state(self, x: _Array) -> dict[str, Any]: ...
-
-    def step(self, x: _Array, state: dict[str, Any]) -> dict[str, Any]: ...
-
-
 class Store(Protocol):
-    """Where a workload checkpoints. ``save`` returns the state to continue from."""
+    """Where a workload checkpoints.
+
+    ``output()`` is called before each iteration: it returns where the iteration should put its
+    new arrays (None: anywhere), which lets the shelf have them computed in place. ``save``
+    commits the iteration's state and returns the state to continue from.
+    """
 
     def load(self) -> dict[str, Any] | None: ...
+
+    def output(self) -> Allocate | None: ...
 
     def save(self, state: Mapping[str, Any]) -> dict[str, Any]: ...
 
@@ -69,7 +67,12 @@ def _nbytes(state: Mapping[str, Any]) -> int:
 
 
 class ShelfStore:
-    """The state's arrays and scalars are shelf variables, replaced in one transaction per save."""
+    """The state lives on a shelf. With shadow transactions each iteration computes its new arrays
+    straight into fresh shelf blocks (``Shelf.empty``) inside a transaction, and ``save`` adds the
+    scalars and commits it; with undo transactions ``save`` copies the new arrays over the old
+    ones in place (PyMM's way), after saving the old bytes to the undo log.
+
+    ``load`` returns arena-backed views: a resumed run reads its state straight from the shelf."""
 
     FILE = "state.shelf"
 
@@ -79,6 +82,7 @@ class ShelfStore:
         self.tx_mode = tx_mode
         self.shelf: Any = None
         self.recovered: Any = None
+        self._open_tx: Any = None
         if self.path.exists():
             self._open(None)
 
@@ -93,18 +97,29 @@ class ShelfStore:
             return None
         return {name: self.shelf[name] for name in self.shelf}
 
+    def output(self) -> Allocate | None:
+        if self.shelf is None or self.tx_mode == "undo":
+            # the first save creates the shelf, sized for the state; in undo mode (PyMM's way) the
+            # new values are copied over the old ones in place, after an undo copy
+            return None
+        self._open_tx = self.shelf.transaction()
+        self._open_tx.__enter__()
+        empty: Allocate = self.shelf.empty
+        return empty
+
     def save(self, state: Mapping[str, Any]) -> dict[str, Any]:
         if self.shelf is None:
             self._open(max(16 << 20, 4 * _nbytes(state) + (1 << 20)))
-        shelf = self.shelf
-        with shelf.transaction():
-            for name, value in state.items():
-                shelf[name] = value
-        return {name: shelf[name] for name in state}
+        self.shelf.update(state)  # arrays from output() are already in place: only scalars move
+        if self._open_tx is not None:
+            transaction, self._open_tx = self._open_tx, None
+            transaction.__exit__(None, None, None)  # commit
+        return {name: self.shelf[name] if isinstance(value, np.ndarray) else value
+                for name, value in state.items()}
 
     def close(self) -> None:
         if self.shelf is not None:
-            self.shelf.close()
+            self.shelf.close()  # an iteration cut short by an exception is rolled back
 
 
 class _FileStore:
@@ -144,6 +159,9 @@ class _FileStore:
                 f"the checkpoint {self.path} cannot be read ({type(exc).__name__}: {exc}); a crash "
                 "probably tore it while it was being overwritten. Start over, or use a crash-safe mode."
             ) from None
+
+    def output(self) -> Allocate | None:
+        return None
 
     def _write(self, f: Any, state: Mapping[str, Any]) -> None:
         raise NotImplementedError
@@ -206,6 +224,9 @@ class ManagerStore:
             return None
         return self.manager.load(numpy=True)
 
+    def output(self) -> Allocate | None:
+        return None
+
     def save(self, state: Mapping[str, Any]) -> dict[str, Any]:
         self.manager.save(int(state["iteration"]), dict(state))
         return dict(state)
@@ -246,8 +267,9 @@ class RunResult:
 def run(algo: Algorithm, x: _Array, store: Store, max_iter: int) -> RunResult:
     """Run ``algo`` on ``x`` until done or ``max_iter`` iterations, checkpointing every iteration.
 
-    Resumes from the store's state if it has one. Per-iteration checkpoint times are measured
-    around ``store.save``; ``total_time`` includes them and the computation.
+    Resumes from the store's state if it has one. A per-iteration checkpoint time is everything
+    the store does for that iteration (``output``, its allocations, ``save``); ``total_time``
+    includes them and the computation.
     """
     begin = time.perf_counter()
     state = store.load()
@@ -256,12 +278,28 @@ def run(algo: Algorithm, x: _Array, store: Store, max_iter: int) -> RunResult:
         state = store.save(algo.init_state(x))
     times = []
     while not bool(state["done"]) and int(state["iteration"]) < max_iter:
-        new = algo.step(x, state)
+        start = time.perf_counter()
+        out = store.output()
+        spent = [time.perf_counter() - start]
+        new = algo.step(x, state, None if out is None else _timed(out, spent))
         start = time.perf_counter()
         state = store.save(new)
-        times.append(time.perf_counter() - start)
+        times.append(sum(spent) + time.perf_counter() - start)
     final = {k: np.array(v) if isinstance(v, np.ndarray) else v for k, v in state.items()}
     return RunResult(final, resumed, times, time.perf_counter() - begin)
+
+
+def _timed(out: Allocate, spent: list[float]) -> Allocate:
+    """``out``, adding the time each call takes to ``spent`` (it is checkpoint cost, not compute)."""
+
+    def allocate(name: str, shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
+        start = time.perf_counter()
+        try:
+            return out(name, shape)
+        finally:
+            spent.append(time.perf_counter() - start)
+
+    return allocate
 
 
 def make_algorithm(name: str, k: int, seed: int, tol: float | None) -> Algorithm:

@@ -14,7 +14,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["GMM", "e_step", "precision_cholesky"]
+from crashsafe.workloads.iterative import Allocate, numpy_arrays
+
+__all__ = ["GMM", "e_step", "m_step", "precision_cholesky"]
 
 _Array = np.ndarray[Any, Any]
 
@@ -50,18 +52,21 @@ def e_step(x: _Array, weights: _Array, means: _Array, prec_chol: _Array) -> tupl
     return float(np.mean(log_norm)), weighted - log_norm[:, None]
 
 
-def m_step(x: _Array, log_resp: _Array, reg_covar: float) -> tuple[_Array, _Array, _Array]:
-    """(weights, means, covariances) from the responsibilities."""
+def m_step(x: _Array, log_resp: _Array, reg_covar: float, out: Allocate | None = None
+           ) -> tuple[_Array, _Array, _Array]:
+    """(weights, means, covariances) from the responsibilities, in arrays from ``out``."""
+    alloc = out or numpy_arrays
     resp = np.exp(log_resp)
     nk = resp.sum(axis=0) + 10 * np.finfo(resp.dtype).eps
-    means = resp.T @ x / nk[:, None]
-    d = x.shape[1]
-    covariances = np.empty((len(nk), d, d))
-    for k in range(len(nk)):
-        diff = x - means[k]
-        covariances[k] = np.dot(resp[:, k] * diff.T, diff) / nk[k]
-        covariances[k].flat[:: d + 1] += reg_covar
-    return nk / nk.sum(), means, covariances
+    k, d = len(nk), x.shape[1]
+    means = np.divide(resp.T @ x, nk[:, None], out=alloc("means", (k, d)))
+    covariances = alloc("covariances", (k, d, d))
+    for j in range(k):
+        diff = x - means[j]
+        np.dot(resp[:, j] * diff.T, diff, out=covariances[j])
+        covariances[j] /= nk[j]
+        covariances[j].flat[:: d + 1] += reg_covar
+    return np.divide(nk, nk.sum(), out=alloc("weights", (k,))), means, covariances
 
 
 @dataclass(frozen=True)
@@ -97,11 +102,12 @@ class GMM:
         return {"weights": weights, "means": means, "covariances": covariances,
                 "lower_bound": float("-inf"), "iteration": 0, "done": False}
 
-    def step(self, x: _Array, state: dict[str, Any]) -> dict[str, Any]:
-        """One EM step from ``state``; returns the next state (fresh arrays)."""
+    def step(self, x: _Array, state: dict[str, Any], out: Allocate | None = None) -> dict[str, Any]:
+        """One EM step from ``state``; returns the next state, its arrays from ``out(name, shape)``
+        (e.g. a shelf's ``empty``, so the model is computed in place) or new numpy arrays."""
         prec_chol = precision_cholesky(state["covariances"])
         lower_bound, log_resp = e_step(x, state["weights"], state["means"], prec_chol)
-        weights, means, covariances = m_step(x, log_resp, self.reg_covar)
+        weights, means, covariances = m_step(x, log_resp, self.reg_covar, out)
         change = lower_bound - float(state["lower_bound"])
         done = self.tol is not None and abs(change) < self.tol
         return {"weights": weights, "means": means, "covariances": covariances, "lower_bound": lower_bound,

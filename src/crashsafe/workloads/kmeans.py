@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from crashsafe.workloads.iterative import Allocate, numpy_arrays
+
 __all__ = ["KMeans", "assign", "init_centers"]
 
 _Array = np.ndarray[Any, Any]
@@ -52,8 +54,10 @@ class KMeans:
         return {"centers": init_centers(x, self.k, self.seed), "iteration": 0, "shift": float("inf"),
                 "inertia": float("inf"), "done": False}
 
-    def step(self, x: _Array, state: dict[str, Any]) -> dict[str, Any]:
-        """One Lloyd step from ``state``; returns the next state (fresh arrays)."""
+    def step(self, x: _Array, state: dict[str, Any], out: Allocate | None = None) -> dict[str, Any]:
+        """One Lloyd step from ``state``; returns the next state. Its arrays come from
+        ``out(name, shape)`` (e.g. a shelf's ``empty``, so the state is computed in place), or are
+        new numpy arrays."""
         centers = state["centers"]
         labels, sq_dist = assign(x, centers)
         counts = np.bincount(labels, minlength=self.k).astype(np.float64)
@@ -61,7 +65,7 @@ class KMeans:
         members[labels, np.arange(len(x))] = 1.0
         sums = members @ x
         _relocate_empty(x, centers, labels, sq_dist, sums, counts)
-        new = sums / counts[:, None]
+        new = np.divide(sums, counts[:, None], out=(out or numpy_arrays)("centers", centers.shape))
         shift = float(((new - centers) ** 2).sum())
         iteration = int(state["iteration"]) + 1
         done = self.tol is not None and shift <= self.tol * float(np.var(x, axis=0).mean())
