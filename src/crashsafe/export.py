@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
+from crashsafe.chain import read_step
 from crashsafe.errors import CrashsafeError, NoCheckpointError
 from crashsafe.storage.layout import committed_steps
-from crashsafe.storage.reader import StepReader
 
 __all__ = ["export_safetensors"]
 
@@ -37,17 +37,20 @@ def export_safetensors(
         step = steps[-1]
     tensors: dict[str, np.ndarray] = {}
     bf16: list[str] = []
-    with StepReader(root, step) as reader:
-        entries = [e for e in reader.manifest.payloads if e.kind != "bytes" and e.path.startswith(prefix)]
-        for i, entry in enumerate(entries):
-            array = reader.read(entry)
-            if entry.dtype.startswith("float8"):
-                raise CrashsafeError(f"{entry.path}: float8 tensors cannot be exported to safetensors")
-            if entry.dtype == "bfloat16":
-                bf16.append(entry.path)
-            tensors[entry.path] = array
-            if progress is not None:
-                progress(i + 1, len(entries))
+    manifest, arrays = read_step(root, step)  # verified, and through delta chains
+    entries = [
+        (e, a)
+        for e, a in zip(manifest.payloads, arrays, strict=True)
+        if e.kind != "bytes" and e.path.startswith(prefix)
+    ]
+    for i, (entry, array) in enumerate(entries):
+        if entry.dtype.startswith("float8"):
+            raise CrashsafeError(f"{entry.path}: float8 tensors cannot be exported to safetensors")
+        if entry.dtype == "bfloat16":
+            bf16.append(entry.path)
+        tensors[entry.path] = array
+        if progress is not None:
+            progress(i + 1, len(entries))
     if not tensors:
         raise NoCheckpointError(f"step {step} has no tensors under prefix {prefix!r}")
     if bf16:

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from crashsafe.chain import direct_bases
 from crashsafe.errors import CorruptCheckpointError, NoCheckpointError
 from crashsafe.storage.layout import committed_steps, leftovers, step_dir
 from crashsafe.storage.reader import StepReader
 
-__all__ = ["StepReport", "VerifyReport", "verify", "verify_step"]
+__all__ = ["StepReport", "VerifyReport", "verify", "verify_step", "with_chains"]
 
 
 @dataclass(frozen=True)
@@ -24,6 +26,7 @@ class StepReport:
     raw_bytes: int = 0
     stored_bytes: int = 0
     created: float | None = None
+    bases: frozenset[int] = frozenset()  # earlier steps its delta payloads need
 
 
 @dataclass(frozen=True)
@@ -54,7 +57,7 @@ def verify_step(root: Path, step: int) -> StepReport:
         with StepReader(root, step) as reader:
             reader.verify()
             m = reader.manifest
-            return StepReport(step, True, None, m.raw_nbytes, m.stored_nbytes, m.created)
+            return StepReport(step, True, None, m.raw_nbytes, m.stored_nbytes, m.created, direct_bases(m))
     except CorruptCheckpointError as exc:
         return StepReport(step, False, str(exc), stored_bytes=_du(step_dir(root, step)))
     except NoCheckpointError as exc:
@@ -76,7 +79,25 @@ def verify(
         reports.append(report)
         if progress is not None:
             progress(report)
-    return VerifyReport(root, reports, [p.name for p in leftovers(root)])
+    return VerifyReport(root, with_chains(reports), [p.name for p in leftovers(root)])
+
+
+def with_chains(reports: list[StepReport]) -> list[StepReport]:
+    """Mark a step damaged when a delta base it needs is missing or damaged (reports ascending)."""
+    status: dict[int, StepReport] = {}
+    out = []
+    for report in reports:
+        broken = sorted(b for b in report.bases if b not in status or not status[b].ok)
+        if report.ok and broken:
+            report = dataclasses.replace(
+                report,
+                ok=False,
+                problem=f"step {report.step} is a delta of step {broken[0]}, which is "
+                f"{'damaged' if broken[0] in status else 'missing'}; restore falls back to an older step",
+            )
+        status[report.step] = report
+        out.append(report)
+    return out
 
 
 def _du(path: Path) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -99,3 +100,44 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert "bit-identical" in result.stdout
     assert cs.verify(tmp_path / "killed" / "ckpt").ok
+
+
+@pytest.fixture
+def chained(tmp_path: Path) -> Path:
+    """Steps 1..7 saved with an incremental codec: step 1 and 5 full, the others deltas."""
+    directory = tmp_path / "chained"
+    codec = {"model.*": cs.codecs.Incremental(full_every=4), "*": "raw"}
+    with cs.CheckpointManager(directory, keep_last=None, codec=codec) as mgr:
+        for step in range(1, 8):
+            mgr.save(
+                step, {"model": {"w": torch.full((64,), float(step)) + torch.arange(64.0)}, "step": step}
+            )
+    return directory
+
+
+def test_gc_keeps_the_delta_bases_kept_steps_need(chained: Path) -> None:
+    result = runner.invoke(app, ["gc", str(chained), "--keep-last", "1"])
+    assert result.exit_code == 0, result.output
+    reader = cs.CheckpointManager(chained, read_only=True)
+    steps = reader.steps()
+    assert steps[-1] == 7 and len(steps) > 1  # 7 is a delta: its chain back to a full save stays
+    assert torch.equal(reader.load(7)["model"]["w"], torch.full((64,), 7.0) + torch.arange(64.0))
+    assert cs.verify(chained).ok
+
+
+def test_export_reads_delta_steps_through_their_chain(chained: Path, tmp_path: Path) -> None:
+    out = tmp_path / "m.safetensors"
+    result = runner.invoke(app, ["export", str(chained), "-o", str(out), "--step", "7"])
+    assert result.exit_code == 0, result.output
+    assert torch.equal(load_file(out)["model.w"], torch.full((64,), 7.0) + torch.arange(64.0))
+
+
+def test_verify_reports_a_delta_whose_base_is_gone(chained: Path) -> None:
+    bases = cs.CheckpointManager(chained, read_only=True).manifest(7).payloads[0].base
+    assert bases is not None
+    shutil.rmtree(chained / f"step_{bases:012d}")  # deleted behind crashsafe's back
+    report = cs.verify(chained)
+    assert not report.ok
+    assert any(f"delta of step {bases}" in (d.problem or "") for d in report.damaged)
+    result = runner.invoke(app, ["verify", str(chained)])
+    assert result.exit_code == 1 and f"delta of step {bases}" in result.output

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from crashsafe.errors import CrashsafeError
 from crashsafe.storage.layout import committed_steps
-from crashsafe.verify import StepReport, verify_step
+from crashsafe.verify import StepReport, verify_step, with_chains
 
 app = typer.Typer(
     name="crashsafe",
@@ -67,7 +67,7 @@ def _verify_with_progress(directory: Path, steps: list[int]) -> list[StepReport]
         for step in steps:
             reports.append(verify_step(directory, step))
             progress.advance(task)
-    return reports
+    return with_chains(reports)
 
 
 @app.command("ls")
@@ -198,6 +198,7 @@ def gc_cmd(
     delete_damaged: Annotated[bool, typer.Option(help="also delete damaged steps")] = False,
 ) -> None:
     """Delete old steps (and torn leftovers) crash-safely, keeping the newest N."""
+    from crashsafe.chain import protected_steps
     from crashsafe.policies.retention import steps_to_delete
     from crashsafe.storage.layout import leftovers
     from crashsafe.storage.lock import WriterLock
@@ -212,7 +213,10 @@ def gc_cmd(
     try:
         torn = leftovers(directory)
         remove_leftovers(torn)
-        doomed = set(steps_to_delete(committed_steps(directory), keep_last, keep_every))
+        steps = committed_steps(directory)
+        first = set(steps_to_delete(steps, keep_last, keep_every))
+        needed = protected_steps(directory, [s for s in steps if s not in first])  # delta bases
+        doomed = set(steps_to_delete(steps, keep_last, keep_every, needed))
         if delete_damaged:
             doomed |= {
                 r.step for r in _verify_with_progress(directory, committed_steps(directory)) if not r.ok
@@ -230,7 +234,7 @@ def demo_cmd(
     kills: Annotated[int, typer.Option(help="how many times to SIGKILL the trainer")] = 3,
     steps: Annotated[int, typer.Option(help="training steps")] = 600,
     seed: Annotated[int, typer.Option(help="seed of the kill times")] = 0,
-    codec: Annotated[str, typer.Option(help="codec for model tensors: raw, zstd")] = "raw",
+    codec: Annotated[str, typer.Option(help="codec for model tensors: raw, zstd, incremental, lc")] = "raw",
 ) -> None:
     """Train a CNN on digits, SIGKILL it at random moments, resume, and compare bit for bit."""
     from crashsafe.cli.demo import run_demo
