@@ -233,8 +233,8 @@ def report(rows: list[Row], tx_rows: list[TxRow], elapsed: float, argv: list[str
         "Media: `shm` is `/dev/shm` (tmpfs; it stands in for persistent memory, as in the issue), `disk` "
         "is the repository's ext4 filesystem. The shelf uses its default durability: `process` on tmpfs "
         "(no flush: survives a killed process), `power` on disk (fdatasync at every ordering point: "
-        "survives power loss). `savez`, `pickle` and `torch.save` overwrite one file in place without fsync (a "
-        "crash can tear it); `savez-safe` writes a temp file, fsyncs it, renames it and fsyncs the "
+        "survives power loss). `savez`, `pickle` and `torch.save` overwrite one file in place without "
+        "fsync (a crash can tear it); `savez-safe` writes a temp file, fsyncs it, renames it and fsyncs the "
         "directory; `manager` is crashsafe's CheckpointManager (async, keep_last=2: the checkpoint time is "
         "the loop's stall). `shelf` is the shelf with shadow transactions (the default), `shelf-undo` with "
         "undo-logged in-place assignment.",

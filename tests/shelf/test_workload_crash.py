@@ -21,9 +21,9 @@ from crashsafe.workloads.checkpoint_modes import SavezStore, UnreadableCheckpoin
 
 Start = Callable[..., "subprocess.Popen[str]"]
 KILLS_PER_RUN = 6
-WORKLOADS = {  # about a second of work each, so six kills within 0.15 s of a (re)start all land mid-run
-    "kmeans": ["--algo", "kmeans", "--k", "16", "--data", "blobs:400:1024:16", "--max-iter", "1000"],
-    "gmm": ["--algo", "gmm", "--k", "4", "--data", "blobs:1000:32:4", "--max-iter", "600"],
+WORKLOADS = {  # ~1.5 s of work each: six kills within 0.15 s of a (re)start all land mid-run
+    "kmeans": ["--algo", "kmeans", "--k", "16", "--data", "blobs:400:1024:16", "--max-iter", "1500"],
+    "gmm": ["--algo", "gmm", "--k", "4", "--data", "blobs:1000:32:4", "--max-iter", "900"],
 }
 
 
@@ -43,7 +43,7 @@ def kill_and_resume(start: Start, args: list[str], seed: int) -> tuple[int, int]
     for _ in range(KILLS_PER_RUN):
         proc = start(*args)
         assert proc.stdout is not None and proc.stderr is not None
-        line = proc.stdout.readline()  # the shelf is open (and recovered): the run begins
+        line = proc.stdout.readline()  # the shelf holds a state (recovered if need be): iterations begin
         assert line.startswith("ready"), proc.stderr.read()
         rolled_back += "recovered=True" in line
         time.sleep(rng.uniform(0.0, 0.15))

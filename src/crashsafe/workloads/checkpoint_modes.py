@@ -25,7 +25,7 @@ import os
 import pickle
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -264,7 +264,8 @@ class RunResult:
     total_time: float = 0.0
 
 
-def run(algo: Algorithm, x: _Array, store: Store, max_iter: int) -> RunResult:
+def run(algo: Algorithm, x: _Array, store: Store, max_iter: int,
+        started: Callable[[], None] | None = None) -> RunResult:
     """Run ``algo`` on ``x`` until done or ``max_iter`` iterations, checkpointing every iteration.
 
     Resumes from the store's state if it has one. A per-iteration checkpoint time is everything
@@ -276,6 +277,8 @@ def run(algo: Algorithm, x: _Array, store: Store, max_iter: int) -> RunResult:
     resumed = None if state is None else int(state["iteration"])
     if state is None:
         state = store.save(algo.init_state(x))
+    if started is not None:
+        started()  # the store holds a state from here on
     times = []
     while not bool(state["done"]) and int(state["iteration"]) < max_iter:
         start = time.perf_counter()
@@ -315,7 +318,7 @@ def make_algorithm(name: str, k: int, seed: int, tol: float | None) -> Algorithm
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command line: run one workload in one mode; prints ``ready`` once it starts iterating."""
+    """Command line: run one workload in one mode; prints ``ready`` once the store holds a state."""
     from crashsafe.workloads.clusterdata import load
 
     parser = argparse.ArgumentParser(prog="python -m crashsafe.workloads.checkpoint_modes")
@@ -334,9 +337,13 @@ def main(argv: list[str] | None = None) -> int:
     x = load(args.data)
     algo = make_algorithm(args.algo, args.k, args.seed, args.tol)
     store = open_store(args.mode, args.dir, durability=args.durability, tx_mode=args.tx_mode)
-    print(f"ready recovered={getattr(store, 'recovered', None) is not None}", flush=True)
+    recovered = getattr(store, "recovered", None) is not None
+
+    def started() -> None:
+        print(f"ready recovered={recovered}", flush=True)
+
     try:
-        result = run(algo, x, store, args.max_iter)
+        result = run(algo, x, store, args.max_iter, started)
     finally:
         store.close()
     print(f"done iterations={result.state['iteration']} resumed_from={result.resumed_from}", flush=True)
