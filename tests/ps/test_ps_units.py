@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from crashsafe.errors import CrashsafeError
 from crashsafe.ps import Failure, PSConfig, PSConfigError, ServerRecoveringError, optim
 from crashsafe.ps.layout import BlockLayout, TableSpec
-from crashsafe.ps.messages import empty_copy
 from crashsafe.ps.server import ServerShard
+from crashsafe.ps.worker import BlockStore
 from crashsafe.ps.workloads import make_workload
 from crashsafe.ps.workloads.sparse_lr import hash_features
 
@@ -123,7 +123,7 @@ def test_rebuilt_shard_refuses_traffic_and_replays_in_worker_order() -> None:
     rebuilt.recovering = True
     with pytest.raises(ServerRecoveringError, match="rebuilding its shard"):
         rebuilt.pull(0, blocks)
-    empty = empty_copy(n_state=1, applied_columns=1)
+    empty = BlockStore(live.layout, "adagrad", 3, meta=True).export(0, 8)  # a worker holding nothing
     reports = [
         {"w": 0, "cache": cache, "replica": empty, "retained": [pushes[1]]},
         {"w": 1, "cache": empty, "replica": empty, "retained": [pushes[2]]},

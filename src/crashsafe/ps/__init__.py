@@ -9,8 +9,8 @@
 
 from crashsafe.ps.cluster import connect, local_ray
 from crashsafe.ps.config import Failure, PSConfig
-from crashsafe.ps.driver import DataLossWarning, PSJob
-from crashsafe.ps.errors import DataLossError, PSConfigError, PSError, ServerRecoveringError
+from crashsafe.ps.driver import PSJob
+from crashsafe.ps.errors import DataLossError, DataLossWarning, PSConfigError, PSError, ServerRecoveringError
 from crashsafe.ps.result import Recovery, RunResult
 
 __all__ = [

@@ -21,7 +21,7 @@ from numpy.typing import NDArray
 
 from crashsafe.ps.cluster import connect
 from crashsafe.ps.config import Failure, PSConfig
-from crashsafe.ps.errors import DataLossError, PSConfigError
+from crashsafe.ps.errors import DataLossError, DataLossWarning, PSConfigError
 from crashsafe.ps.layout import BlockLayout
 from crashsafe.ps.messages import nbytes
 from crashsafe.ps.result import Recovery, RunResult
@@ -29,15 +29,11 @@ from crashsafe.ps.server import ServerShard
 from crashsafe.ps.worker import PSWorker, server_unavailable
 from crashsafe.ps.workloads import make_workload
 
-__all__ = ["DataLossWarning", "PSJob"]
+__all__ = ["PSJob"]
 
 ClockCallback = Callable[[int, RunResult], None]
 _ACTOR = {"num_cpus": 0, "max_restarts": -1, "max_task_retries": 0}
 _RESTART_TIMEOUT = 120.0
-
-
-class DataLossWarning(UserWarning):
-    """More copies failed than the replication factor tolerates; the job rolled back to a checkpoint."""
 
 
 class _Rewind(Exception):
@@ -123,23 +119,24 @@ class PSJob:
 
         if not self.servers:
             raise RuntimeError("call start() (or use the job as a context manager) before run()")
-        if config is not None:
-            if (config.servers, config.workers) != (self.cfg.servers, self.cfg.workers):
+        cfg = config or self.cfg
+        if (cfg.servers, cfg.workers) != (self.cfg.servers, self.cfg.workers):
+            raise PSConfigError(
+                f"this job has {self.cfg.servers} servers and {self.cfg.workers} workers; "
+                "start a new PSJob for a different shape"
+            )
+        self._failures = sorted(failures, key=lambda f: f.clock)
+        for f in self._failures:
+            if f.phase == "before_apply" and cfg.consistency != "bsp":
                 raise PSConfigError(
-                    f"this job has {self.cfg.servers} servers and {self.cfg.workers} workers; "
-                    "start a new PSJob for a different shape"
+                    "phase 'before_apply' exists only under BSP (SSP applies pushes on arrival)"
                 )
-            self.cfg = config
-        cfg = self.cfg
+        self.cfg = cfg
         ray.get([a.configure.remote(cfg.to_dict()) for a in self.servers + self.workers])
         ray.get(
             [s.restore_checkpoint.remote(None) for s in self.servers]
             + [w.reset.remote() for w in self.workers]
         )
-        self._failures = sorted(failures, key=lambda f: f.clock)
-        for f in self._failures:
-            if f.phase == "before_apply" and cfg.consistency != "bsp":
-                raise ValueError("phase 'before_apply' exists only under BSP (SSP applies pushes on arrival)")
         self._result = RunResult(
             params={}, clocks=cfg.clocks, seconds=0.0, updates_pushed=0, updates_applied=0
         )
@@ -181,9 +178,7 @@ class PSJob:
     def _finish(self) -> None:
         import ray
 
-        if (
-            self.cfg.checkpoint_dir is not None
-        ):  # checkpoints in flight become durable; the directory is released
+        if self.cfg.checkpoint_dir is not None:  # saves in flight become durable, the directory free
             ray.get([s.close.remote() for s in self.servers])
         workload = make_workload(self.cfg.workload, self.cfg.seed, self.cfg.workload_options)
         tables = workload.tables()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from crashsafe.errors import CrashsafeError
 
-__all__ = ["DataLossError", "PSConfigError", "PSError", "ServerRecoveringError"]
+__all__ = ["DataLossError", "DataLossWarning", "PSConfigError", "PSError", "ServerRecoveringError"]
 
 
 class PSError(CrashsafeError, RuntimeError):
@@ -21,3 +21,7 @@ class ServerRecoveringError(PSError):
 
 class DataLossError(PSError):
     """More copies failed than the replication factor tolerates and no checkpoint can cover it."""
+
+
+class DataLossWarning(UserWarning):
+    """More copies failed than the replication factor tolerates; the job rolled back to a checkpoint."""

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["APPLIED", "COUNT", "VER", "Copy", "Push", "empty_copy", "nbytes", "pack_meta", "push_blocks"]
+__all__ = ["APPLIED", "COUNT", "VER", "Copy", "Push", "nbytes", "pack_meta", "push_blocks"]
 
 Push = dict[str, Any]
 Copy = dict[str, Any]
@@ -29,18 +29,6 @@ def pack_meta(
 ) -> NDArray[np.int32]:
     """The ``meta`` rows of a copy (``applied`` has one column per worker, or one under BSP)."""
     return np.column_stack([version, count, applied]).astype(np.int32)
-
-
-def empty_copy(n_state: int, applied_columns: int) -> Copy:
-    """A copy holding no block."""
-    copy: Copy = {
-        "blocks": np.zeros(0, np.int64),
-        "v": np.zeros(0, np.float32),
-        "meta": np.zeros((0, APPLIED + applied_columns), np.int32),
-    }
-    if n_state:
-        copy["s"] = np.zeros((n_state, 0), np.float32)
-    return copy
 
 
 def nbytes(message: Any) -> int:

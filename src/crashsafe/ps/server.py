@@ -3,11 +3,11 @@
 Per block the shard keeps its version (bumped by every applied batch), which workers hold which
 version (recorded at pull time in ``holder``, pushed by replication in ``replica``), and, per
 worker, the last clock of that worker's updates it includes (``applied``). At the end of each
-clock it makes sure the block's *recovery point* -- its version at the previous clock's end, or
-its current version -- has k copies (its own counts as one), pushing the current version to the
-replica stores of just enough workers when it has not. Workers keep their updates until the
-recovery point covers them, so a relaunched shard rebuilds itself from the newest copies and
-replays the retained updates with no rollback.
+clock it makes sure the block's *recovery point* -- its version at the end of the clock ``lag``
+clocks back -- has k copies at that version or newer (its own counts as one), pushing the current
+version to the replica stores of just enough workers when it has not. Workers keep their updates
+until the recovery point covers them, so a relaunched shard rebuilds itself from the newest
+copies and replays the retained updates with no rollback.
 
 The class is plain Python (unit-testable); the driver runs it as a Ray actor.
 """
