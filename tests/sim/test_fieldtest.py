@@ -17,7 +17,8 @@ from crashsafe.sim.fieldtest import forecast, run_field
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("policy", ["young", "convergence"])
 def test_sigkilled_training_matches_the_forecast(tmp_path: Path, policy: str) -> None:
-    run = run_field(tmp_path, policy, mtbf=10.0, steps=1000, kill_seed=464, ballast_mb=8.0, timeout=200)
+    run = run_field(tmp_path, policy, mtbf=10.0, steps=1000, kill_seed=464, ballast_mb=8.0,
+                    max_kills=3, timeout=200)
 
     # the job finished every step although it was killed, each restart resuming from a checkpoint
     assert run.of("done")[-1]["step"] == 1000

@@ -108,7 +108,15 @@ def _launch(
     cmd = [sys.executable, "-m", "crashsafe.sim.fieldtrainer", "--dir", str(work / "ckpt"),
            "--log", str(work / "events.jsonl"), "--policy", policy, "--mtbf", repr(mtbf),
            "--steps", str(steps), "--seed", str(seed), "--ballast-mb", repr(ballast_mb)]
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGKILL if the supervisor dies, so no trainer outlives an interrupted run."""
+    import ctypes
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def run_field(
@@ -119,9 +127,14 @@ def run_field(
     steps: int = 2000,
     kill_seed: int = 0,
     ballast_mb: float = 32.0,
+    max_kills: int | None = None,
     timeout: float = 600.0,
 ) -> FieldRun:
-    """Train under ``policy`` in ``work`` while SIGKILLing at Poisson times of mean ``mtbf`` seconds."""
+    """Train under ``policy`` in ``work`` while SIGKILLing at Poisson times of mean ``mtbf`` seconds.
+
+    ``max_kills`` stops the kills after that many (a bound on the run's length when restarts are
+    slow, e.g. on a loaded machine); the forecast replays exactly the kills that happened.
+    """
     work.mkdir(parents=True, exist_ok=True)
     log = work / "events.jsonl"
     log.touch()
@@ -149,7 +162,8 @@ def run_field(
                 proc.wait()
                 break
             now = time.time()
-            if next_kill is not None and now >= next_kill:
+            more = max_kills is None or len(run.kills) < max_kills
+            if next_kill is not None and now >= next_kill and more:
                 proc.send_signal(signal.SIGKILL)
                 run.kills.append(time.time())
                 proc.wait()
