@@ -31,9 +31,14 @@ def plot_comparison(
         means = np.array([e.mean for e in est]) / 3600.0
         errors = np.array([[e.mean - e.low for e in est], [e.high - e.mean for e in est]]) / 3600.0
         bars.bar(x + offset, np.nan_to_num(means), 0.4, yerr=np.nan_to_num(errors), capsize=3, label=label)
+    heights = [r.estimate(m).mean for r in results for m in ("overhead", "weighted")]
+    finite = [h for h in heights if np.isfinite(h) and h > 0]
+    if finite and max(finite) > 20 * min(finite):
+        bars.set_yscale("log")  # one policy far off the others must not flatten the rest
     for i, r in enumerate(results):
         if r.unfinished:
-            bars.annotate(f"{r.unfinished} DNF", (i, 0), ha="center", va="bottom", color="red")
+            bars.annotate(f"{r.unfinished} DNF", (i, 0.02), xycoords=("data", "axes fraction"),
+                          ha="center", va="bottom", color="red")
     bars.set_xticks(x, names, rotation=20)
     bars.set_ylabel("hours per job (mean, 95% CI)")
     bars.legend()
