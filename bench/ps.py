@@ -329,7 +329,7 @@ def plot(over: list[dict[str, Any]], rec: list[dict[str, Any]]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.5))
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(17, 4.8), gridspec_kw={"width_ratios": [2, 1, 1]})
     labels = [f"{r['workload']}\n{r['consistency']} k={r['k']}" for r in over]
     x = np.arange(len(over))
     ax1.bar(x - 0.2, [100 * r["wall_overhead"] for r in over], 0.4, label="wall time")
@@ -338,30 +338,28 @@ def plot(over: list[dict[str, Any]], rec: list[dict[str, Any]]) -> None:
     ax1.axhline(15, color="orange", ls="--", lw=1, label="15 % (sparse/SSP)")
     ax1.set_xticks(x, labels, fontsize=6, rotation=90)
     ax1.set_ylabel("overhead vs no fault tolerance (%)")
-    ax1.set_title("FreeLauncher throughput overhead")
+    ax1.set_title("FreeLauncher throughput overhead (median of paired runs)")
     ax1.legend(fontsize=7)
     groups = sorted({(r["workload"], r["consistency"]) for r in rec})
     methods = ["FreeLauncher k=2", "FreeLauncher k=3", "checkpoint", "restart from scratch"]
     width = 0.2
     for i, m in enumerate(methods):
-        vals = [
-            next(
-                r["seconds"]
-                for r in rec
-                if (r["workload"], r["consistency"]) == g and r["method"].startswith(m)
-            )
+        picked = [
+            next(r for r in rec if (r["workload"], r["consistency"]) == g and r["method"].startswith(m))
             for g in groups
         ]
-        ax2.bar(
-            np.arange(len(groups)) + (i - 1.5) * width,
-            vals,
-            width,
-            label=m + (" (best)" if m == "checkpoint" else ""),
-        )
-    ax2.set_xticks(np.arange(len(groups)), [f"{w}\n{c}" for w, c in groups], fontsize=8)
-    ax2.set_ylabel("seconds from kill to regained progress")
-    ax2.set_title("Recovery from one SIGKILLed server")
-    ax2.legend(fontsize=7)
+        x2 = np.arange(len(groups)) + (i - 1.5) * width
+        name = m + (" (best interval)" if m == "checkpoint" else "")
+        ax2.bar(x2, [r["seconds"] for r in picked], width, label=name)
+        ax3.bar(x2, [r["rest"] for r in picked], width, label=name)
+    for ax, title in (
+        (ax2, "Recovery time, Ray's relaunch included"),
+        (ax3, "Recovery time without Ray's relaunch"),
+    ):
+        ax.set_xticks(np.arange(len(groups)), [f"{w}\n{c}" for w, c in groups], fontsize=7)
+        ax.set_ylabel("seconds from kill to regained progress (median)", fontsize=8)
+        ax.set_title(title, fontsize=10)
+    ax3.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(RESULTS / "ps.png", dpi=110)
 
