@@ -1,6 +1,6 @@
-"""One local Ray for all parameter-server tests (ray.init costs seconds), bound to 127.0.0.1,
-with HOME and Ray's temp dir pointed at fresh directories so that nothing lands in the real home,
-and a check at teardown that no Ray process of ours is left behind."""
+"""One local Ray per test module (ray.init costs seconds), bound to 127.0.0.1, started with HOME and
+Ray's temp dir pointed at fresh directories so that nothing lands in the real home, and a check at
+teardown that no Ray process of ours is left behind and the fake HOME stayed empty."""
 
 from __future__ import annotations
 
@@ -28,9 +28,13 @@ def _ours(marker: str) -> list[psutil.Process]:
     return found
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_session() -> Iterator[dict[str, str]]:
-    """A loopback Ray; yields the fake HOME and the Ray temp dir. Restores the environment after."""
+    """A loopback Ray; yields the fake HOME and the Ray temp dir. Restores the environment after.
+
+    Ray's processes (GCS, raylet, and every worker and actor they spawn) inherit the fake HOME from
+    ``ray.init``; the test process gets its real HOME back right away, so other tests are unaffected.
+    """
     saved = dict(os.environ)
     real_token = Path(os.path.expanduser("~")) / ".ray" / "auth_token"
     token_existed = real_token.exists()
@@ -39,6 +43,8 @@ def ray_session() -> Iterator[dict[str, str]]:
     os.environ["HOME"] = home
     try:
         with local_ray(num_cpus=2, temp_dir=temp_dir):
+            if "HOME" in saved:
+                os.environ["HOME"] = saved["HOME"]
             yield {"home": home, "temp_dir": temp_dir}
         deadline = time.monotonic() + 20
         while _ours(temp_dir) and time.monotonic() < deadline:
@@ -54,8 +60,8 @@ def ray_session() -> Iterator[dict[str, str]]:
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def job(ray_session: dict[str, str]) -> Iterator[PSJob]:
-    """Two servers and four workers, reused by every test (each run reconfigures and resets them)."""
+    """Two servers and four workers, reused by every test of a module (each run reconfigures them)."""
     with PSJob(PSConfig(**SHAPE)) as ps_job:
         yield ps_job

@@ -19,6 +19,9 @@ from typing import Any
 __all__ = ["LOOPBACK", "connect", "local_ray", "prepare_local_env"]
 
 LOOPBACK = "127.0.0.1"
+# One token per process: Ray caches the token it loaded, so a second local instance started in the
+# same process (after ray.shutdown) must be given the same one.
+_TOKEN = secrets.token_hex(32)
 
 
 def prepare_local_env() -> None:
@@ -32,7 +35,7 @@ def prepare_local_env() -> None:
     if constants is not None:
         constants.__dict__["ENABLE_RAY_CLUSTER"] = False
     if not any(k in os.environ for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")):
-        os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)  # Ray turns token mode on for local clusters
+        os.environ["RAY_AUTH_TOKEN"] = _TOKEN  # Ray turns token mode on for new local clusters
 
 
 def connect(address: str | None = None, *, num_cpus: int | None = None, temp_dir: str | None = None) -> bool:
