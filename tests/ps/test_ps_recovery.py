@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -185,3 +187,19 @@ def test_baselines_roll_back_and_recompute(job: PSJob, tmp_path: Path) -> None:
     (event,) = scratch.recoveries
     assert (event.kind, event.recomputed_clocks) == ("restart", 7)
     assert_identical(scratch, clean)
+
+
+@pytest.mark.timeout(120)
+def test_a_driver_joins_an_existing_cluster_by_address(job: PSJob) -> None:
+    """The multi-machine path: another process attaches with ``address=`` and leaves the cluster up."""
+    address = ray.get_runtime_context().gcs_address
+    code = (
+        "import sys; from crashsafe.ps import Failure, PSConfig, PSJob\n"
+        "with PSJob(PSConfig(workload='mf', clocks=6, replicas=2), address=sys.argv[1]) as job:\n"
+        "    r = job.run([Failure(clock=2, servers=(1,), how='sigkill')])\n"
+        "print(r.updates_lost, r.recomputed_clocks, [e.kind for e in r.recoveries])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, address], capture_output=True, text=True, timeout=100)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[-2] == "0 0 ['replica']"
+    assert ray.nodes() and all(n["Alive"] for n in ray.nodes())  # our cluster outlived that driver
