@@ -20,6 +20,14 @@ from crashsafe.errors import (
     UnsupportedStateError,
 )
 from crashsafe.manager import CheckpointManager, SaveStats
+from crashsafe.shelf import (
+    CorruptShelfError,
+    NotAShelfError,
+    Shelf,
+    ShelfError,
+    ShelfFullError,
+    ShelfRecoveredWarning,
+)
 from crashsafe.state.rng import RNGState
 from crashsafe.state.tree import Stateful
 from crashsafe.verify import StepReport, VerifyReport, verify
@@ -32,13 +40,19 @@ __all__ = [
     "CodecError",
     "CorruptCheckpointError",
     "CorruptCheckpointWarning",
+    "CorruptShelfError",
     "CrashsafeError",
     "DiskFullError",
     "LockedError",
     "NoCheckpointError",
+    "NotAShelfError",
     "RNGState",
     "SaveFailedError",
     "SaveStats",
+    "Shelf",
+    "ShelfError",
+    "ShelfFullError",
+    "ShelfRecoveredWarning",
     "Stateful",
     "StepReport",
     "StorageError",
