@@ -123,6 +123,11 @@ def test_scoped_transaction_keeps_other_views_read_only(shm_dir: Path) -> None:
                 data[0] = -1
             assert not shelf["data"].flags.writeable  # fetched inside: still not covered
         assert np.array_equal(centers, np.arange(4.0))
+        used = shelf.used
+        with shelf.transaction([]):  # no in-place writes: nothing is copied to the undo log
+            assert shelf.used == used and not centers.flags.writeable
+            shelf["centers"] = np.ones(4)
+        assert np.array_equal(shelf["centers"], np.ones(4))
         with pytest.raises(ShelfError, match="no array named 'nope'"), shelf.transaction("nope"):
             pass
         with pytest.raises(ShelfError, match="do not nest"), shelf.transaction(), shelf.transaction():

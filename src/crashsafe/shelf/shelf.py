@@ -179,8 +179,7 @@ class Shelf(MutableMapping[str, Any]):
 
     def _open(self, wanted: int | None, verify: bool) -> None:
         self._sb: Superblock = self._arena.read_superblock()
-        self._mv = memoryview(self._arena.mm)
-        self._u8 = np.frombuffer(self._mv, dtype=np.uint8)
+        self._map_buffers()
         self._meta, _ = read_newest(self._mv, self._sb, self.path)
         if self._arena.length < self._meta.size:
             raise CorruptShelfError(f"{self.path} is shorter ({self._arena.length} bytes) than its "
@@ -216,8 +215,7 @@ class Shelf(MutableMapping[str, Any]):
     def _grow(self, size: int) -> None:
         self._release_buffers()
         self._arena.grow(size)
-        self._mv = memoryview(self._arena.mm)
-        self._u8 = np.frombuffer(self._mv, dtype=np.uint8)
+        self._map_buffers()
         self._meta = replace(self._meta, seq=self._meta.seq + 1, size=size)
         self._write_meta(self._meta)
 
@@ -397,9 +395,10 @@ class Shelf(MutableMapping[str, Any]):
         """All changes inside ``with shelf.transaction(...)`` commit together or not at all.
 
         With ``names``, only those arrays may be written in place through views (their old bytes
-        are saved to the undo log now; views of other arrays stay read-only). Without names,
-        every array you hold a view of, or fetch inside the block, is saved. Assignments,
-        deletions and resizes through the shelf are always covered. Transactions do not nest.
+        are saved to the undo log now; views of other arrays stay read-only); an empty list
+        (``transaction([])``) allows no in-place writes at all. Without names, every array you
+        hold a view of, or fetch inside the block, is saved. Assignments, deletions, resizes and
+        ``empty`` through the shelf are always covered. Transactions do not nest.
         """
         scope: set[str] = set()
         for item in names:
@@ -647,10 +646,8 @@ class Shelf(MutableMapping[str, Any]):
         refs = self._views.setdefault(entry.offset, [])
         view = next((v for r in refs if (v := r()) is not None and v.shape == entry.shape), None)
         if view is None:
-            # numpy keeps no buffer export of its own; a ctypes array does, so the mapping
-            # outlives every view (and derived view) handed out
-            owner: Any = (ctypes.c_char * entry.nbytes).from_buffer(self._arena.mm, entry.offset)
-            view = np.ndarray(entry.shape, NUMERIC_DTYPES[entry.dtype], buffer=owner)
+            view = np.ndarray(entry.shape, NUMERIC_DTYPES[entry.dtype], buffer=self._owner,
+                              offset=entry.offset)
             refs.append(weakref.ref(view))
         view.flags.writeable = self._writable(name, entry)
         return view
@@ -687,6 +684,13 @@ class Shelf(MutableMapping[str, Any]):
             raise ShelfError(f"the shelf {self.path} is unusable: {self._broken}. Close it and open it "
                              "again: opening recovers the last committed state")
 
+    def _map_buffers(self) -> None:
+        self._mv = memoryview(self._arena.mm)
+        self._u8 = np.frombuffer(self._mv, dtype=np.uint8)
+        # numpy keeps no buffer export of its own; this ctypes array does, and every view handed
+        # out is based on it, so the mapping outlives every view (and derived view)
+        self._owner: Any = (ctypes.c_char * self._arena.length).from_buffer(self._arena.mm)
+
     def _release_buffers(self) -> None:
         for refs in self._views.values():
             for ref in refs:
@@ -694,7 +698,7 @@ class Shelf(MutableMapping[str, Any]):
                 if view is not None:
                     view.flags.writeable = False
         with contextlib.suppress(AttributeError):
-            del self._u8
+            del self._u8, self._owner
         with contextlib.suppress(AttributeError, BufferError):
             self._mv.release()
 

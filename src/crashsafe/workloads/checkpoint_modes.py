@@ -102,7 +102,7 @@ class ShelfStore:
             # the first save creates the shelf, sized for the state; in undo mode (PyMM's way) the
             # new values are copied over the old ones in place, after an undo copy
             return None
-        self._open_tx = self.shelf.transaction()
+        self._open_tx = self.shelf.transaction([])  # covers changes made through the shelf only
         self._open_tx.__enter__()
         empty: Allocate = self.shelf.empty
         return empty
