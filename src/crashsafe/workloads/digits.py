@@ -139,11 +139,9 @@ def main(argv: list[str] | None = None) -> None:
         now = time.perf_counter()
         emit(event="start", resumed_from=restored, recovery_s=now - began, restore_s=now - restore_began)
         reported = 0
-        while trainer.step < args.steps:
-            loss = trainer.train_step()
-            emit(event="step", step=trainer.step, loss=loss)
-            if trainer.step % args.every == 0 or trainer.step == args.steps:
-                mgr.maybe_save(trainer.step, trainer.state, metrics={"loss": loss})
+
+        def report_commits() -> None:
+            nonlocal reported
             for s in mgr.stats[reported:]:
                 emit(
                     event="committed",
@@ -154,16 +152,15 @@ def main(argv: list[str] | None = None) -> None:
                     raw_bytes=s.raw_bytes,
                 )
             reported = len(mgr.stats)
+
+        while trainer.step < args.steps:
+            loss = trainer.train_step()
+            emit(event="step", step=trainer.step, loss=loss)
+            if trainer.step % args.every == 0 or trainer.step == args.steps:
+                mgr.maybe_save(trainer.step, trainer.state, metrics={"loss": loss})
+            report_commits()
         mgr.wait()
-        for s in mgr.stats[reported:]:
-            emit(
-                event="committed",
-                step=s.step,
-                stall=s.stall,
-                persist=s.persist,
-                stored_bytes=s.stored_bytes,
-                raw_bytes=s.raw_bytes,
-            )
+        report_commits()
         emit(event="done", step=trainer.step, accuracy=trainer.accuracy())
     log.close()
 
