@@ -20,9 +20,11 @@ from crashsafe.codecs.registry import get_codec
 from crashsafe.errors import CodecError, CorruptCheckpointError, NoCheckpointError
 from crashsafe.format.dtypes import storage_dtype
 from crashsafe.format.manifest import Manifest, PayloadEntry
+from crashsafe.policies.retention import steps_to_delete
+from crashsafe.storage.layout import committed_steps
 from crashsafe.storage.reader import StepReader, read_manifest
 
-__all__ = ["direct_bases", "protected_steps", "read_step"]
+__all__ = ["direct_bases", "doomed_steps", "protected_steps", "read_step"]
 
 
 def direct_bases(manifest: Manifest) -> frozenset[int]:
@@ -54,6 +56,20 @@ def protected_steps(
             needed.add(base)
             todo.append(base)
     return frozenset(needed)
+
+
+def doomed_steps(
+    root: Path,
+    keep_last: int | None,
+    keep_every: int | None,
+    known: MutableMapping[int, frozenset[int]] | None = None,
+) -> list[int]:
+    """Committed steps retention may delete: those the policy drops, minus every delta base a
+    kept step still needs (``known`` as in :func:`protected_steps`)."""
+    steps = committed_steps(root)
+    dropped = set(steps_to_delete(steps, keep_last, keep_every))
+    needed = protected_steps(root, [s for s in steps if s not in dropped], known)
+    return steps_to_delete(steps, keep_last, keep_every, needed)
 
 
 def read_step(root: Path, step: int) -> tuple[Manifest, list[np.ndarray[Any, Any]]]:

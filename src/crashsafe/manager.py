@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from crashsafe.chain import protected_steps, read_step
+from crashsafe.chain import doomed_steps, read_step
 from crashsafe.codecs.base import BytesLike, Codec, DeltaCodec, Reference
 from crashsafe.codecs.registry import get_codec
 from crashsafe.errors import (
@@ -40,7 +40,7 @@ from crashsafe.errors import (
 from crashsafe.format.dtypes import FLOAT_DTYPES
 from crashsafe.format.manifest import Manifest, PayloadEntry
 from crashsafe.policies.base import EverySteps, SaveContext, SavePolicy
-from crashsafe.policies.retention import steps_to_delete, validate_retention
+from crashsafe.policies.retention import validate_retention
 from crashsafe.state.rebuild import apply_into, check_into, to_value, unflatten
 from crashsafe.state.staging import StagingPool, view_bytes
 from crashsafe.state.tree import ArrayLeaf, flatten
@@ -316,10 +316,7 @@ class CheckpointManager:
 
     def _apply_retention(self) -> None:
         """Delete what the retention policy drops, except steps a kept step's delta chain needs."""
-        steps = committed_steps(self.directory)
-        dropped = set(steps_to_delete(steps, self.keep_last, self.keep_every))
-        needed = protected_steps(self.directory, [s for s in steps if s not in dropped], self._bases)
-        for step in steps_to_delete(steps, self.keep_last, self.keep_every, needed):
+        for step in doomed_steps(self.directory, self.keep_last, self.keep_every, self._bases):
             delete_step(self.directory, step)
             self._bases.pop(step, None)
 

@@ -198,8 +198,7 @@ def gc_cmd(
     delete_damaged: Annotated[bool, typer.Option(help="also delete damaged steps")] = False,
 ) -> None:
     """Delete old steps (and torn leftovers) crash-safely, keeping the newest N."""
-    from crashsafe.chain import protected_steps
-    from crashsafe.policies.retention import steps_to_delete
+    from crashsafe.chain import doomed_steps
     from crashsafe.storage.layout import leftovers
     from crashsafe.storage.lock import WriterLock
     from crashsafe.storage.writer import delete_step, remove_leftovers
@@ -213,10 +212,7 @@ def gc_cmd(
     try:
         torn = leftovers(directory)
         remove_leftovers(torn)
-        steps = committed_steps(directory)
-        first = set(steps_to_delete(steps, keep_last, keep_every))
-        needed = protected_steps(directory, [s for s in steps if s not in first])  # delta bases
-        doomed = set(steps_to_delete(steps, keep_last, keep_every, needed))
+        doomed = set(doomed_steps(directory, keep_last, keep_every))  # keeps needed delta bases
         if delete_damaged:
             doomed |= {
                 r.step for r in _verify_with_progress(directory, committed_steps(directory)) if not r.ok
