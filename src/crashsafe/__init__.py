@@ -5,7 +5,7 @@
 >>> mgr.save(step, {"model": model, "optim": optim, "rng": cs.RNGState()})  # doctest: +SKIP
 """
 
-from crashsafe import codecs, policies
+from crashsafe import codecs, policies, sim
 from crashsafe.errors import (
     CheckpointExistsError,
     CodecError,
@@ -61,5 +61,6 @@ __all__ = [
     "__version__",
     "codecs",
     "policies",
+    "sim",
     "verify",
 ]
