@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Job", "digits_data", "minibatch"]
+__all__ = ["DigitsClassifier", "Job", "digits_data", "minibatch"]
 
 
 class Job(ABC):
@@ -34,6 +34,33 @@ class Job(ABC):
     @abstractmethod
     def loss(self) -> float:
         """The full training loss of the current parameters."""
+
+
+class DigitsClassifier(Job):
+    """A classifier of the digits data: cross-entropy on seeded minibatches of ``batch`` rows.
+
+    Subclasses set ``model``, ``optimizer``, ``x``, ``y``, ``seed`` and ``batch`` in ``__init__``.
+    """
+
+    seed: int
+    batch: int
+    x: Any  # torch.Tensor
+    y: Any  # torch.Tensor
+
+    def step(self, iteration: int) -> None:
+        import torch
+
+        rows = minibatch(self.seed, iteration, self.batch, len(self.y))
+        loss = torch.nn.functional.cross_entropy(self.model(self.x[rows]), self.y[rows])
+        self.optimizer.zero_grad()
+        loss.backward()  # type: ignore[no-untyped-call]
+        self.optimizer.step()
+
+    def loss(self) -> float:
+        import torch
+
+        with torch.no_grad():
+            return float(torch.nn.functional.cross_entropy(self.model(self.x), self.y))
 
 
 def minibatch(seed: int, iteration: int, size: int, total: int) -> np.ndarray[Any, Any]:

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from crashsafe.workloads.job import Job, digits_data, minibatch
+from crashsafe.workloads.job import DigitsClassifier, digits_data
 
 __all__ = ["LeNet", "make"]
 
 
-class LeNet(Job):
+class LeNet(DigitsClassifier):
     """LeNet-5-style CNN; cross-entropy; SGD(lr, momentum 0.9) on minibatches of ``batch``."""
 
     name = "lenet"
@@ -40,21 +40,6 @@ class LeNet(Job):
             nn.Linear(84, 10),
         )
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=lr, momentum=0.9)
-
-    def step(self, iteration: int) -> None:
-        import torch
-
-        rows = minibatch(self.seed, iteration, self.batch, len(self.y))
-        loss = torch.nn.functional.cross_entropy(self.model(self.x[rows]), self.y[rows])
-        self.optimizer.zero_grad()
-        loss.backward()  # type: ignore[no-untyped-call]
-        self.optimizer.step()
-
-    def loss(self) -> float:
-        import torch
-
-        with torch.no_grad():
-            return float(torch.nn.functional.cross_entropy(self.model(self.x), self.y))
 
 
 def make(seed: int = 0, **kwargs: Any) -> LeNet:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from crashsafe.workloads.job import Job, digits_data, minibatch
+from crashsafe.workloads.job import DigitsClassifier, digits_data
 
 __all__ = ["LogReg", "make"]
 
 
-class LogReg(Job):
+class LogReg(DigitsClassifier):
     """64 pixels -> 10 classes, softmax cross-entropy, SGD(lr) on minibatches of ``batch``."""
 
     name = "logreg"
@@ -22,21 +22,6 @@ class LogReg(Job):
         torch.manual_seed(seed)
         self.model = torch.nn.Linear(64, 10)
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=lr)
-
-    def step(self, iteration: int) -> None:
-        import torch
-
-        rows = minibatch(self.seed, iteration, self.batch, len(self.y))
-        loss = torch.nn.functional.cross_entropy(self.model(self.x[rows]), self.y[rows])
-        self.optimizer.zero_grad()
-        loss.backward()  # type: ignore[no-untyped-call]
-        self.optimizer.step()
-
-    def loss(self) -> float:
-        import torch
-
-        with torch.no_grad():
-            return float(torch.nn.functional.cross_entropy(self.model(self.x), self.y))
 
 
 def make(seed: int = 0, **kwargs: Any) -> LogReg:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from crashsafe.workloads.job import Job, digits_data, minibatch
+from crashsafe.workloads.job import DigitsClassifier, digits_data
 
 __all__ = ["MLP", "make"]
 
 
-class MLP(Job):
+class MLP(DigitsClassifier):
     """Two hidden layers of ``width``; cross-entropy; SGD(lr, momentum 0.9) on minibatches."""
 
     name = "mlp"
@@ -25,21 +25,6 @@ class MLP(Job):
             nn.Linear(64, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10)
         )
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=lr, momentum=0.9)
-
-    def step(self, iteration: int) -> None:
-        import torch
-
-        rows = minibatch(self.seed, iteration, self.batch, len(self.y))
-        loss = torch.nn.functional.cross_entropy(self.model(self.x[rows]), self.y[rows])
-        self.optimizer.zero_grad()
-        loss.backward()  # type: ignore[no-untyped-call]
-        self.optimizer.step()
-
-    def loss(self) -> float:
-        import torch
-
-        with torch.no_grad():
-            return float(torch.nn.functional.cross_entropy(self.model(self.x), self.y))
 
 
 def make(seed: int = 0, **kwargs: Any) -> MLP:
