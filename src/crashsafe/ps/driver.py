@@ -204,26 +204,31 @@ class PSJob:
 
     def _work(self, clock: int, workers: list[int]) -> None:
         """Run ``clock`` on ``workers`` until each has computed and pushed it."""
-        import ray
 
         pending = list(workers)
         while pending:
             refs = {w: self._clock_call(w, clock) for w in pending}
             trouble = False
             for w, ref in refs.items():
-                try:
-                    out = ray.get(ref)
-                except Exception as exc:
-                    if not server_unavailable(exc):
-                        raise
-                    self._worker_lost(w)
-                    trouble = True
-                    continue
-                trouble |= self._record(w, clock, out)
-                if out["status"] == "ok":
+                lost, ok = self._await_clock(w, clock, ref)
+                trouble |= lost
+                if ok:
                     pending.remove(w)
             if trouble:
                 self._recover()
+
+    def _await_clock(self, w: int, clock: int, ref: Any) -> tuple[bool, bool]:
+        """Wait for one worker's clock call: (a server or the worker looked lost, the clock succeeded)."""
+        import ray
+
+        try:
+            out = ray.get(ref)
+        except Exception as exc:
+            if not server_unavailable(exc):
+                raise
+            self._worker_lost(w)
+            return True, False
+        return self._record(w, clock, out), out["status"] == "ok"
 
     def _record(self, w: int, clock: int, out: dict[str, Any]) -> bool:
         """Book a worker's clock result; return True if a server looked unavailable."""
@@ -317,21 +322,13 @@ class PSJob:
 
     def _collect(self, refs: list[Any]) -> bool:
         """Book finished SSP clocks; return True if a server looked unavailable."""
-        import ray
 
         trouble = False
         for ref in refs:
             w, clock = self._inflight.pop(ref)
-            try:
-                out = ray.get(ref)
-            except Exception as exc:
-                if not server_unavailable(exc):
-                    raise
-                self._worker_lost(w)
-                trouble = True
-                continue
-            trouble |= self._record(w, clock, out)
-            if out["status"] == "ok":
+            lost, ok = self._await_clock(w, clock, ref)
+            trouble |= lost
+            if ok:
                 self._done[w] = clock
         return trouble
 
