@@ -5,6 +5,7 @@ from crashsafe.sim.endrules import EndRule, FixedSteps, Plateau, TargetLoss
 from crashsafe.sim.engine import Outcomes, run_trials
 from crashsafe.sim.errors import SimulationError
 from crashsafe.sim.failures import Exponential, FailureModel, Trace, Weibull
+from crashsafe.sim.hindsight import Hindsight
 from crashsafe.sim.profile import Profile
 from crashsafe.sim.replay import Schedule, replay
 from crashsafe.sim.result import METRICS, Estimate, SimResult, paired_ratio
@@ -17,6 +18,7 @@ __all__ = [
     "Exponential",
     "FailureModel",
     "FixedSteps",
+    "Hindsight",
     "LossCurve",
     "Outcomes",
     "Plateau",
