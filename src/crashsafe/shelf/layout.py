@@ -33,6 +33,7 @@ __all__ = [
     "decode_meta_slot",
     "encode_meta_slot",
     "new_superblock",
+    "pack_record",
 ]
 
 MAGIC = b"CRASHSAFE-SHELF\x00"
@@ -145,6 +146,16 @@ def decode_meta_slot(raw: bytes | memoryview, slot_size: int) -> tuple[int, byte
     return seq, payload
 
 
+_RECORD_PAD = bytes(RECORD_BYTES - _RECORD.size - _U64.size)
+
+
+def pack_record(kind: int, seq: int, target: int = 0, nbytes: int = 0, saved: int = 0,
+                when: float = 0.0) -> bytes:
+    """The 64 bytes of a :class:`Record` (without building one: a BEGIN is written per transaction)."""
+    body = _RECORD.pack(RECORD_MAGIC, kind, seq, target, nbytes, saved, when)
+    return body + _U64.pack(xxhash.xxh3_64_intdigest(body)) + _RECORD_PAD
+
+
 @dataclass(frozen=True)
 class Record:
     """One undo record. Record 0 of a transaction is its BEGIN; the others save one block each.
@@ -164,9 +175,7 @@ class Record:
     time: float = 0.0
 
     def pack(self) -> bytes:
-        body = _RECORD.pack(RECORD_MAGIC, self.kind, self.seq, self.target, self.nbytes, self.saved,
-                            self.time)
-        return (body + _U64.pack(_xxh(body))).ljust(RECORD_BYTES, b"\x00")
+        return pack_record(self.kind, self.seq, self.target, self.nbytes, self.saved, self.time)
 
     @classmethod
     def unpack(cls, raw: bytes | memoryview) -> Record | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
+from json.encoder import encode_basestring_ascii as _json_str
 from typing import Any, Literal, NamedTuple, TypeGuard
 
 import numpy as np
@@ -19,12 +20,13 @@ from crashsafe.shelf.errors import CorruptShelfError
 from crashsafe.shelf.layout import META_HEADER, Superblock, decode_meta_slot
 
 __all__ = [
-    "DTYPE_NAMES", "NUMERIC_DTYPES", "Entry", "Kind", "Meta", "decode_meta", "encode_meta", "read_newest",
-    "scalar_ok",
+    "DTYPE_NAMES", "NUMERIC_DTYPES", "Entry", "Kind", "Meta", "MetaEncoder", "decode_meta", "encode_meta",
+    "read_newest", "scalar_ok",
 ]
 
 Kind = Literal["array", "str", "bytes", "scalar"]
 _BLOCK_KINDS = ("array", "str", "bytes")
+_ENCODE = json.JSONEncoder(separators=(",", ":")).encode  # ASCII; NaN/inf as JSON's extension
 _SCALAR_TYPES = ("bool", "int", "float", "complex", "none")
 # numpy dtypes a shelf variable may have (the torch-only names of DTYPES are not numpy types)
 NUMERIC_DTYPES = {name: dt for name, dt in DTYPES.items() if dt.name == name}
@@ -47,14 +49,15 @@ class Entry(NamedTuple):
     def has_block(self) -> bool:
         return self.kind != "scalar"
 
-    def to_json(self) -> list[Any]:
-        """Compact JSON form: ``[kind, version, dtype, shape, offset, nbytes, xxh3 hex]`` for blocks,
-        ``["scalar", version, type, value]`` for scalars."""
+    def to_json(self) -> str:
+        """Compact JSON text: ``[kind, version, dtype, shape, offset, nbytes, "xxh3 hex"]`` for blocks,
+        ``["scalar", version, type, value]`` for scalars (complex as ``[real, imag]``); formatted
+        directly, exactly as ``json.dumps`` would (an entry is encoded at every change)."""
         if self.kind != "scalar":
-            return [self.kind, self.version, self.dtype, list(self.shape), self.offset, self.nbytes,
-                    f"{self.digest:016x}"]
-        value = [self.value.real, self.value.imag] if isinstance(self.value, complex) else self.value
-        return ["scalar", self.version, _scalar_type(self.value), value]
+            shape = ",".join(map(str, self.shape))
+            return (f'["{self.kind}",{self.version},"{self.dtype}",[{shape}],{self.offset},{self.nbytes},'
+                    f'"{self.digest:016x}"]')
+        return f'["scalar",{self.version},"{_scalar_type(self.value)}",{_scalar_json(self.value)}]'
 
 
 @dataclass
@@ -74,11 +77,75 @@ def _scalar_type(value: object) -> str:
     return type(value).__name__
 
 
+def _float_json(value: float) -> str:
+    """A float as ``json.dumps`` writes it (NaN and infinities use JSON's extension)."""
+    if value != value:
+        return "NaN"
+    if value == math.inf:
+        return "Infinity"
+    if value == -math.inf:
+        return "-Infinity"
+    return float.__repr__(value)
+
+
+def _scalar_json(value: bool | int | float | complex | None) -> str:
+    if value is None:
+        return "null"
+    if value is True or value is False:
+        return "true" if value else "false"
+    if isinstance(value, complex):
+        return f"[{_float_json(value.real)},{_float_json(value.imag)}]"
+    if isinstance(value, float):
+        return _float_json(value)
+    return int.__repr__(value)
+
+
+def _tx_json(tx: dict[str, Any]) -> str:
+    """JSON of a commit record ``{"seq", "time", "changed", "deleted"}``, written by every commit and
+    so formatted directly; any other dict goes through ``json``. The text is the same either way."""
+    if list(tx) == ["seq", "time", "changed", "deleted"]:
+        seq, when, changed, deleted = tx.values()
+        if (type(seq) is int and type(when) is float and type(changed) is list and type(deleted) is list
+                and all(type(name) is str for name in [*changed, *deleted])):
+            names = [",".join(map(_json_str, changed)), ",".join(map(_json_str, deleted))]
+            return f'{{"seq":{seq},"time":{_float_json(when)},"changed":[{names[0]}],"deleted":[{names[1]}]}}'
+    return _ENCODE(tx)
+
+
+class MetaEncoder:
+    """Compact JSON of metadata, commit after commit: the bytes ``json.dumps(doc, separators=(",",
+    ":"))`` gives (ASCII; floats round-trip exactly; NaN/inf as JSON's extension), made cheaply.
+
+    A variable the commit did not change keeps its :class:`Entry` object, so its JSON from the
+    previous commit is reused: encoding costs one string join over all variables plus the JSON of
+    the changed ones, not a full ``json.dumps`` of the table.
+    """
+
+    def __init__(self) -> None:
+        self._done: dict[str, tuple[Entry, str, str]] = {}  # name -> (entry, its JSON key, its JSON)
+        self._rollback: tuple[dict[str, Any] | None, str] = (None, "null")
+
+    def encode(self, meta: Meta) -> bytes:
+        done, fresh = self._done, {}
+        for name, entry in meta.vars.items():
+            hit = done.get(name)
+            if hit is None:
+                fresh[name] = (entry, _json_str(name), entry.to_json())
+            elif hit[0] is entry:
+                fresh[name] = hit
+            else:
+                fresh[name] = (entry, hit[1], entry.to_json())
+        self._done = fresh
+        if self._rollback[0] is not meta.rollback:
+            self._rollback = (meta.rollback, _ENCODE(meta.rollback))
+        body = ",".join([f"{key}:{text}" for _, key, text in fresh.values()])
+        return (f'{{"format":1,"size":{meta.size},"tx":{_tx_json(meta.tx)},"rollback":{self._rollback[1]},'
+                f'"vars":{{{body}}}}}').encode()
+
+
 def encode_meta(meta: Meta) -> bytes:
-    """Compact JSON of ``meta`` (floats round-trip exactly; NaN/inf use JSON's extension)."""
-    doc = {"format": 1, "size": meta.size, "tx": meta.tx, "rollback": meta.rollback,
-           "vars": {name: entry.to_json() for name, entry in meta.vars.items()}}
-    return json.dumps(doc, separators=(",", ":")).encode()
+    """Compact JSON of ``meta`` (one-off; a shelf keeps a :class:`MetaEncoder`)."""
+    return MetaEncoder().encode(meta)
 
 
 def _fail(path: object, what: str) -> CorruptShelfError:

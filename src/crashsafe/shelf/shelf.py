@@ -28,7 +28,7 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
@@ -42,8 +42,25 @@ from crashsafe.shelf import recovery
 from crashsafe.shelf.alloc import Allocator
 from crashsafe.shelf.arena import Arena, Durability, parse_size
 from crashsafe.shelf.errors import CorruptShelfError, ShelfError, ShelfFullError, ShelfRecoveredWarning
-from crashsafe.shelf.layout import PAGE, RECORD_BYTES, Record, Superblock, encode_meta_slot, new_superblock
-from crashsafe.shelf.meta import DTYPE_NAMES, NUMERIC_DTYPES, Entry, Meta, encode_meta, read_newest, scalar_ok
+from crashsafe.shelf.layout import (
+    PAGE,
+    RECORD_BYTES,
+    Record,
+    Superblock,
+    encode_meta_slot,
+    new_superblock,
+    pack_record,
+)
+from crashsafe.shelf.meta import (
+    DTYPE_NAMES,
+    NUMERIC_DTYPES,
+    Entry,
+    Meta,
+    MetaEncoder,
+    encode_meta,
+    read_newest,
+    scalar_ok,
+)
 from crashsafe.storage import faults
 
 __all__ = ["RecoveryInfo", "Shelf", "Transaction", "TxMode", "VarInfo"]
@@ -75,16 +92,20 @@ class VarInfo:
     offset: int
 
 
-@dataclass
 class _Tx:
-    seq: int
-    scope: frozenset[str] | None
-    began: bool = False
-    undo: dict[int, int] = field(default_factory=dict)  # committed block -> its saved copy
-    new_blocks: set[int] = field(default_factory=set)
-    freed: list[int] = field(default_factory=list)
-    dirty: set[str] = field(default_factory=set)
-    changed: set[str] = field(default_factory=set)
+    """The transaction in progress: its number, its scope, and what it has done so far."""
+
+    __slots__ = ("began", "freed", "new_blocks", "opened", "scope", "seq", "touched", "undo")
+
+    def __init__(self, seq: int, scope: frozenset[str] | None) -> None:
+        self.seq = seq
+        self.scope = scope
+        self.began = False
+        self.undo: dict[int, int] = {}  # committed block -> its saved copy
+        self.new_blocks: set[int] = set()
+        self.freed: list[int] = []
+        self.touched: set[str] = set()  # names assigned, deleted or made writable in place
+        self.opened: list[weakref.ref[_Array]] = []  # views made writable (read-only again at the end)
 
 
 class Transaction:
@@ -153,6 +174,7 @@ class Shelf(MutableMapping[str, Any]):
         self._broken: str | None = None
         self._views: dict[int, list[weakref.ref[_Array]]] = {}
         self._pinned: set[int] = set()
+        self._encoder = MetaEncoder()
         wanted = parse_size(size) if size is not None else None
         if not self.path.exists():
             if wanted is None:
@@ -249,20 +271,14 @@ class Shelf(MutableMapping[str, Any]):
 
     def __setitem__(self, name: str, value: Any) -> None:
         self._check_open()
-        if not isinstance(name, str) or not name:
-            raise UnsupportedStateError(f"shelf variable names are non-empty strings, got {name!r}")
-        kind, data = _coerce(name, value)
-        self._change(lambda tx: self._set(tx, name, kind, data))
+        change = _coerce(name, value)
+        self._change(lambda tx: self._set(tx, *change))
 
     def update(self, other: Any = (), /, **kwargs: Any) -> None:
         """Assign many variables at once, in the open transaction or in one of their own."""
         self._check_open()
         pairs = other.items() if isinstance(other, Mapping) else other
-        changes = []
-        for name, value in [*pairs, *kwargs.items()]:
-            if not isinstance(name, str) or not name:
-                raise UnsupportedStateError(f"shelf variable names are non-empty strings, got {name!r}")
-            changes.append((name, *_coerce(name, value)))
+        changes = [_coerce(name, value) for name, value in [*pairs, *kwargs.items()]]
 
         def apply(tx: _Tx) -> None:
             for name, kind, data in changes:
@@ -273,20 +289,27 @@ class Shelf(MutableMapping[str, Any]):
     def _set(self, tx: _Tx, name: str, kind: str, data: Any) -> None:
         work = self._work
         old = work.get(name)
-        if old is not None and kind == "array" and self._is_live_block_view(tx, old, data):
-            pass  # the value already is the variable's writable block (see empty())
-        elif kind == "scalar":
-            work[name] = Entry("scalar", old.version if old else 0, value=data)
-            if old is not None and old.has_block:
+        if kind == "scalar":
+            # a scalar's entry is final here: the committed one if the value is the same (it keeps
+            # its version, and its encoded metadata), else a new version
+            committed = self._meta.vars.get(name)
+            if committed is None:
+                work[name] = Entry("scalar", 1, value=data)
+            elif committed.kind == "scalar" and _same_scalar(committed.value, data):
+                work[name] = committed
+            else:
+                work[name] = Entry("scalar", committed.version + 1, value=data)
+            if old is not None and old.kind != "scalar":
                 self._drop_block(tx, old)
+        elif old is not None and kind == "array" and self._is_live_block_view(tx, old, data):
+            pass  # the value already is the variable's writable block (see empty())
         elif (kind == "array" and old is not None and old.kind == "array" and self.tx_mode == "undo"
               and old.dtype == DTYPE_NAMES[data.dtype] and old.shape == data.shape):
             self._protect(tx, name, old)
             _copy(self._typed(old), data)
         else:
             self._put_block(tx, name, kind, data, old)
-        tx.dirty.add(name)
-        tx.changed.add(name)
+        tx.touched.add(name)
 
     def __delitem__(self, name: str) -> None:
         self._check_open()
@@ -298,8 +321,7 @@ class Shelf(MutableMapping[str, Any]):
         entry = self._work.pop(name)
         if entry.has_block:
             self._drop_block(tx, entry)
-        tx.dirty.discard(name)
-        tx.changed.add(name)
+        tx.touched.add(name)
 
     def __iter__(self) -> Iterator[str]:
         self._check_open()
@@ -326,15 +348,15 @@ class Shelf(MutableMapping[str, Any]):
         if tx is None:
             raise ShelfError("empty() hands out an array to fill inside a transaction: call it within "
                              "`with shelf.transaction():`")
-        new_shape = (shape,) if isinstance(shape, int) else tuple(int(s) for s in shape)
+        new_shape = (shape,) if isinstance(shape, int) else tuple(map(int, shape))
         dt = np.dtype(dtype)
-        if dt not in DTYPE_NAMES:
+        dtype_name = DTYPE_NAMES.get(dt)
+        if dtype_name is None:
             raise UnsupportedStateError(f"shelf.empty({name!r}): dtype {dt} is not a native numeric dtype")
         self._mark_begun(tx)
         nbytes = math.prod(new_shape) * dt.itemsize
-        entry = self._fresh_block(tx, name, "array", DTYPE_NAMES[dt], new_shape, nbytes, self._work.get(name))
-        tx.dirty.add(name)
-        tx.changed.add(name)
+        entry = self._fresh_block(tx, name, "array", dtype_name, new_shape, nbytes, self._work.get(name))
+        tx.touched.add(name)
         return self._view(name, entry)
 
     def resize(self, name: str, shape: int | Iterable[int]) -> None:
@@ -442,22 +464,22 @@ class Shelf(MutableMapping[str, Any]):
             changed, deleted = [], []
             blocks_written = False
             committed_vars, mv = meta.vars, self._mv
-            for name in tx.dirty | tx.changed:
+            for name in tx.touched:
                 old, entry = committed_vars.get(name), work.get(name)
                 if entry is None:
                     if old is not None:
                         deleted.append(name)
                     continue
-                if entry.kind != "scalar":
+                if entry.kind != "scalar":  # (a scalar's entry is final when it is set)
                     digest = xxhash.xxh3_64_intdigest(mv[entry.offset : entry.offset + entry.nbytes])
-                    entry = entry._replace(digest=digest)
+                    work[name] = entry = _sealed(old, entry, digest)
                     blocks_written = True
-                work[name] = entry = _versioned(old, entry)
                 if old is None or entry.version != old.version:
                     changed.append(name)
             if blocks_written:
                 self._arena.sync()
-            faults.reached("shelf_before_meta")
+            if _ARMED:
+                faults.reached("shelf_before_meta")
             info = {"seq": tx.seq, "time": time.time(), "changed": sorted(changed),
                     "deleted": sorted(deleted)}
             committed = Meta(tx.seq, meta.size, work, info, meta.rollback)
@@ -465,7 +487,8 @@ class Shelf(MutableMapping[str, Any]):
         except BaseException as exc:
             self._abort(f"commit failed: {type(exc).__name__}: {exc}")
             raise
-        faults.reached("shelf_after_meta")
+        if _ARMED:
+            faults.reached("shelf_after_meta")
         self._meta = committed
         for offset in [*tx.undo.values(), *tx.freed]:
             self._release(offset)
@@ -494,13 +517,12 @@ class Shelf(MutableMapping[str, Any]):
         self._end()
 
     def _end(self) -> None:
-        self._tx = None
+        tx, self._tx = self._tx, None
         self._work = self._meta.vars
-        for refs in self._views.values():
-            for ref in refs:
-                view = ref()
-                if view is not None:
-                    view.flags.writeable = False
+        for ref in tx.opened if tx is not None else ():
+            view = ref()
+            if view is not None:
+                view.flags.writeable = False
 
     def _change(self, operation: Callable[[_Tx], None]) -> None:
         """Run a change in the open transaction, or in a transaction of its own."""
@@ -515,9 +537,11 @@ class Shelf(MutableMapping[str, Any]):
 
     def _mark_begun(self, tx: _Tx) -> None:
         if not tx.began:
-            self._write_record(0, Record(Record.BEGIN, tx.seq, time=time.time()))
+            at = self._sb.record_off
+            self._mv[at : at + RECORD_BYTES] = pack_record(Record.BEGIN, tx.seq, when=time.time())
             tx.began = True
-            faults.reached("shelf_after_begin")
+            if _ARMED:
+                faults.reached("shelf_after_begin")
 
     def _protect(self, tx: _Tx, name: str, entry: Entry) -> None:
         """Make ``entry``'s block safe to overwrite in place: save its committed bytes first."""
@@ -531,14 +555,18 @@ class Shelf(MutableMapping[str, Any]):
         saved = self._alloc_block(entry.nbytes, f"the undo copy of {name!r}")
         tx.undo[entry.offset] = saved
         self._u8[saved : saved + entry.nbytes] = self._u8[entry.offset : entry.offset + entry.nbytes]
-        self._write_record(index, Record(Record.UNDO, tx.seq, entry.offset, entry.nbytes, saved))
+        at = self._sb.record_off + index * RECORD_BYTES
+        self._mv[at : at + RECORD_BYTES] = pack_record(Record.UNDO, tx.seq, entry.offset, entry.nbytes, saved)
         self._arena.sync()  # the saved copy and its record are durable before the block changes
-        faults.reached("shelf_after_undo")
-        tx.dirty.add(name)
-        for ref in self._views.get(entry.offset, ()):
-            view = ref()
-            if view is not None and self._writable(name, entry):
-                view.flags.writeable = True
+        if _ARMED:
+            faults.reached("shelf_after_undo")
+        tx.touched.add(name)
+        if self._writable(name, entry):
+            for ref in self._views.get(entry.offset, ()):
+                view = ref()
+                if view is not None and not view.flags.writeable:
+                    view.flags.writeable = True
+                    tx.opened.append(ref)
 
     def _put_block(self, tx: _Tx, name: str, kind: str, data: Any, old: Entry | None) -> None:
         """Write ``data`` into a fresh block and point ``name`` at it (a shadow copy)."""
@@ -569,13 +597,9 @@ class Shelf(MutableMapping[str, Any]):
         else:
             tx.freed.append(entry.offset)
 
-    def _write_record(self, index: int, record: Record) -> None:
-        at = self._sb.record_off + index * RECORD_BYTES
-        self._mv[at : at + RECORD_BYTES] = record.pack()
-
     def _write_meta(self, meta: Meta) -> None:
         """Write ``meta`` into slot ``seq % 2`` (never the newest valid one) and flush: the commit."""
-        blob = encode_meta_slot(meta.seq, encode_meta(meta))
+        blob = encode_meta_slot(meta.seq, self._encoder.encode(meta))
         if len(blob) > self._sb.slot_size:
             raise ShelfFullError(
                 f"the shelf's metadata ({len(blob)} bytes) no longer fits its slot "
@@ -633,23 +657,39 @@ class Shelf(MutableMapping[str, Any]):
     def _set_views_readonly(self, offset: int) -> None:
         for ref in self._views.get(offset, ()):
             view = ref()
-            if view is not None:
+            if view is not None and view.flags.writeable:
                 view.flags.writeable = False
 
     def _typed(self, entry: Entry) -> _Array:
         return np.ndarray(entry.shape, NUMERIC_DTYPES[entry.dtype], buffer=self._mv, offset=entry.offset)
 
     def _view(self, name: str, entry: Entry) -> _Array:
+        """The live view of ``entry``'s block (one per block and shape), writable iff the open
+        transaction covers it; views made writable are listed to be made read-only at its end."""
         tx = self._tx
         if tx is not None and tx.scope is None and entry.offset not in tx.new_blocks:
             self._protect(tx, name, entry)
-        refs = self._views.setdefault(entry.offset, [])
-        view = next((v for r in refs if (v := r()) is not None and v.shape == entry.shape), None)
-        if view is None:
+        writable = tx is not None and self._writable(name, entry)
+        refs = self._views.get(entry.offset)
+        if refs is None:
+            refs = self._views[entry.offset] = []
+        for ref in refs:
+            view = ref()
+            if view is not None and view.shape == entry.shape:
+                flags = view.flags
+                if flags.writeable == writable:
+                    return view
+                flags.writeable = writable
+                break
+        else:
             view = np.ndarray(entry.shape, NUMERIC_DTYPES[entry.dtype], buffer=self._owner,
-                              offset=entry.offset)
-            refs.append(weakref.ref(view))
-        view.flags.writeable = self._writable(name, entry)
+                              offset=entry.offset)  # writable, as its buffer is
+            ref = weakref.ref(view)
+            refs.append(ref)
+            if not writable:
+                view.flags.writeable = False
+        if writable and tx is not None:
+            tx.opened.append(ref)
         return view
 
     def _writable(self, name: str, entry: Entry) -> bool:
@@ -724,15 +764,17 @@ class Shelf(MutableMapping[str, Any]):
         return f"Shelf({str(self.path)!r}, {state})"
 
 
-def _versioned(old: Entry | None, new: Entry) -> Entry:
-    """``new`` with its version: 1 if new, unchanged if the content is, else old + 1."""
+def _sealed(old: Entry | None, new: Entry, digest: int) -> Entry:
+    """The committed entry of block ``new`` with checksum ``digest``: version 1 if the variable is
+    new, unchanged if its content is (then ``old`` itself if it is the same block), else old + 1."""
     if old is None:
-        return new._replace(version=1)
-    same = (old.kind == new.kind and old.digest == new.digest and old.nbytes == new.nbytes
-            and old.shape == new.shape and old.dtype == new.dtype
-            and (old.kind != "scalar" or _same_scalar(old.value, new.value)))
-    version = old.version if same else old.version + 1
-    return new if new.version == version else new._replace(version=version)
+        return Entry(new.kind, 1, new.dtype, new.shape, new.offset, new.nbytes, digest)
+    if (old.digest == digest and old.kind == new.kind and old.nbytes == new.nbytes
+            and old.shape == new.shape and old.dtype == new.dtype):
+        if old.offset == new.offset:
+            return old
+        return Entry(new.kind, old.version, new.dtype, new.shape, new.offset, new.nbytes, digest)
+    return Entry(new.kind, old.version + 1, new.dtype, new.shape, new.offset, new.nbytes, digest)
 
 
 def _same_scalar(a: Any, b: Any) -> bool:
@@ -750,12 +792,26 @@ def _copy(dst: _Array, src: _Array) -> None:
         np.copyto(dst, src, casting="equiv")
 
 
-def _coerce(name: str, value: Any) -> tuple[str, Any]:
-    """(kind, data): arrays as ndarrays of a numeric dtype, str/bytes as bytes, scalars as is."""
+_SCALAR_TYPES = (bool, int, float, complex)  # bool first: it is an int too
+_PLAIN_SCALARS = frozenset([*_SCALAR_TYPES, type(None)])
+
+
+def _coerce(name: str, value: Any) -> tuple[str, str, Any]:
+    """(name, kind, data): arrays as ndarrays of a numeric dtype, str/bytes as bytes, scalars as
+    plain Python values (a subclass such as an ``IntEnum`` is stored as its base type)."""
+    if not isinstance(name, str) or not name:
+        raise UnsupportedStateError(f"shelf variable names are non-empty strings, got {name!r}")
+    if type(value) in _PLAIN_SCALARS:
+        return name, "scalar", value
     if isinstance(value, np.ndarray) and value.dtype in DTYPE_NAMES:
-        return "array", value
+        return name, "array", value
+    return name, *_coerce_other(name, value)
+
+
+def _coerce_other(name: str, value: Any) -> tuple[str, Any]:
     if scalar_ok(value):
-        return "scalar", value
+        base = next(t for t in _SCALAR_TYPES if isinstance(value, t))  # (None took the fast path)
+        return "scalar", base(value)
     if isinstance(value, str):
         return "str", value.encode()
     if isinstance(value, (bytes, bytearray, memoryview)):
