@@ -49,6 +49,22 @@ def assert_identical(a: RunResult, b: RunResult) -> None:
         assert a.params[name].tobytes() == b.params[name].tobytes(), f"table {name} differs"
 
 
+def assert_taken_over(job: PSJob, killed: dict[int, Any], standby: Any | None) -> None:
+    """Every killed server is dead and its shard served by another actor (the first one's by
+    ``standby`` if given); the standby pool is full again."""
+    for s, old in killed.items():
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(old.status.remote(), timeout=30)
+        assert job.servers[s]._actor_id != old._actor_id
+    if standby is not None:
+        assert job.servers[min(killed)]._actor_id == standby._actor_id
+    assert [ray.get(a.status.remote(), timeout=60)["id"] for a in job.servers] == list(
+        range(len(job.servers))
+    )
+    assert len(job.spares) == job.cfg.spares == 1
+    assert ray.get(job.spares[0].status.remote(), timeout=60)["id"] is None  # a fresh standby
+
+
 def assert_lossless(result: RunResult) -> None:
     assert result.updates_pushed > 0
     assert result.updates_lost == 0
@@ -86,7 +102,9 @@ def test_one_server_failure_is_bit_exact(
 ) -> None:
     config = cfg(workload=workload, optimizer=optimizer, replicas=2)
     clean = baseline(job, config)
+    killed, standby = {1: job.servers[1]}, job.spares[0]
     failed = job.run([Failure(clock=7, servers=(1,), how=how, phase=phase)], config=config)
+    assert_taken_over(job, killed, standby)
     assert [r.servers for r in failed.recoveries] == [[1]]
     assert failed.recoveries[0].replayed_pushes > 0  # the rebuilt shard really replayed retained updates
     assert_lossless(failed)
@@ -98,6 +116,7 @@ def test_one_server_failure_is_bit_exact(
 def test_k_minus_1_simultaneous_server_failures_are_bit_exact(job: PSJob) -> None:
     config = cfg(workload="sparse_lr", optimizer="adagrad", replicas=3)
     clean = baseline(job, config)
+    killed = dict(enumerate(job.servers))
     failed = job.run(
         [
             Failure(clock=5, servers=(0, 1), how="sigkill"),
@@ -106,6 +125,8 @@ def test_k_minus_1_simultaneous_server_failures_are_bit_exact(job: PSJob) -> Non
         config=config,
     )
     assert [r.servers for r in failed.recoveries] == [[0, 1], [0, 1]]
+    # One standby: each time one shard went to it, the other to a new actor started on the spot.
+    assert_taken_over(job, killed, None)
     assert_lossless(failed)
     assert_identical(failed, clean)
     assert failed.replica_bytes > 0  # k=3 on sparse keys needs real replica pushes
@@ -174,7 +195,9 @@ def test_baselines_roll_back_and_recompute(job: PSJob, tmp_path: Path) -> None:
         workload="mf", optimizer="sgd", mode="checkpoint", checkpoint_dir=str(tmp_path), checkpoint_every=4
     )
     clean = baseline(job, config)
+    killed, standby = {0: job.servers[0]}, job.spares[0]
     ckpt = job.run([Failure(clock=10, servers=(0,), how="sigkill")], config=config)
+    assert_taken_over(job, killed, standby)  # the same standby path as FreeLauncher's
     (event,) = ckpt.recoveries
     assert (event.kind, event.recomputed_clocks) == ("checkpoint", 3)  # checkpoint after clock 7
     assert event.discarded_updates > 0 and ckpt.worker_reruns == 3 * 4

@@ -11,7 +11,7 @@ from crashsafe.errors import CrashsafeError
 from crashsafe.ps import Failure, PSConfig, PSConfigError, ServerRecoveringError, optim
 from crashsafe.ps.layout import BlockLayout, TableSpec
 from crashsafe.ps.server import ServerShard
-from crashsafe.ps.worker import BlockStore
+from crashsafe.ps.worker import BlockStore, install_pull
 from crashsafe.ps.workloads import make_workload
 from crashsafe.ps.workloads.sparse_lr import hash_features
 
@@ -57,16 +57,44 @@ def _push(shard: ServerShard, worker: int, clock: int, rows: list[int]) -> dict[
     return {"w": worker, "t": clock, "rows": [r], "grads": [np.full((r.size, 1), 0.5, np.float32)]}
 
 
-def _shard(replicas: int, lag: int = 1) -> ServerShard:
-    config = PSConfig(
+def _config(replicas: int, lag: int = 1, optimizer: str = "sgd") -> PSConfig:
+    return PSConfig(
         workload="sparse_lr",
         servers=1,
         workers=3,
         replicas=replicas,
+        optimizer=optimizer,  # type: ignore[arg-type]
         recovery_lag=lag,  # default 1 here: the recovery point is the previous clock's end
         workload_options={"buckets": 64, "block_rows": 8, "samples": 64},
     )
-    return ServerShard(config.to_dict(), 0, restarted=False)
+
+
+def _shard(replicas: int, lag: int = 1, optimizer: str = "sgd") -> ServerShard:
+    """Server 0 of a one-server job (with SGD every pulled block is a complete copy)."""
+    return ServerShard(_config(replicas, lag, optimizer).to_dict(), 0)
+
+
+class _Worker:
+    """A worker's stores without Ray: the value cache and the complete copies kept from pulls."""
+
+    def __init__(self, shard: ServerShard, w: int) -> None:
+        self.shard, self.w = shard, w
+        self.cache = BlockStore(shard.layout, shard.opt, 3, meta=False)
+        self.pulled = BlockStore(shard.layout, shard.opt, 3, meta=True)
+
+    def pull(self, blocks: list[int], clock: int) -> dict[str, np.ndarray]:
+        reply = self.shard.pull(self.w, np.array(blocks, np.int64))
+        install_pull(reply, clock, self.cache, self.pulled)
+        return reply
+
+    def report(self, retained: list[dict[str, object]]) -> dict[str, object]:
+        empty = BlockStore(self.shard.layout, self.shard.opt, 3, meta=True)
+        return {
+            "w": self.w,
+            "pulled": self.pulled.export(0, 8),
+            "replica": empty.export(0, 8),
+            "retained": retained,
+        }
 
 
 def test_shard_replicates_only_blocks_short_of_k_copies() -> None:
@@ -110,33 +138,59 @@ def test_longer_recovery_lag_lets_a_recent_pull_count() -> None:
     assert [c["blocks"].tolist() for c in shard.end_clock(3)["replicas"].values()] == [[1]]
 
 
-def test_rebuilt_shard_refuses_traffic_and_replays_in_worker_order() -> None:
-    live = _shard(replicas=2)
-    blocks = np.arange(8, dtype=np.int64)
-    cache = live.pull(0, blocks)
-    pushes = [_push(live, w, 0, [w, 8 + w]) for w in (2, 0, 1)]
-    for p in pushes:
-        live.push(p)
-    live.end_clock(0)
+def test_pulls_carry_optimizer_state_only_for_blocks_short_of_copies() -> None:
+    shard = _shard(replicas=2, lag=2, optimizer="adam")
+    workers = [_Worker(shard, w) for w in range(3)]
+    full: list[list[list[int]]] = []
+    for clock in range(6):  # a dense job: every worker reads and updates blocks 0-3 every clock
+        full.append([np.asarray(wk.pull([0, 1, 2, 3], clock).get("full", [])).tolist() for wk in workers])
+        for w in range(3):
+            shard.push(_push(shard, w, clock, [0, 8, 16, 24]))
+        point = shard._point()
+        assert shard.end_clock(clock)["replicas"] == {}  # the pulls alone keep k copies:
+        assert np.all((shard.copies(point) >= 1) | (point == 0))  # a worker copy of every recovery point
+    # Until clock `lag` the recovery point is version 0 (regenerable): no state at all. Then the
+    # first puller gets the state of every block (k - 1 = 1 copy needed), which stays valid for
+    # `lag` clock ends; the other workers' pulls carry values only.
+    assert full == [[[], [], []]] * 2 + [[[0, 1, 2, 3], [], []], [[], [], []]] * 2
+    # The complete copy a worker keeps is the version it pulled, not the newer values it reads.
+    kept = workers[0].pulled
+    assert kept.ver[:4].tolist() == [4, 4, 4, 4] and workers[1].pulled.ver[:4].tolist() == [-1] * 4
+    assert workers[0].cache.values[0].tobytes() != kept.values[0].tobytes()
 
-    rebuilt = _shard(replicas=2)
-    rebuilt.recovering = True
-    with pytest.raises(ServerRecoveringError, match="rebuilding its shard"):
-        rebuilt.pull(0, blocks)
-    empty = BlockStore(live.layout, "adagrad", 3, meta=True).export(0, 8)  # a worker holding nothing
-    reports = [
-        {"w": 0, "cache": cache, "replica": empty, "retained": [pushes[1]]},
-        {"w": 1, "cache": empty, "replica": empty, "retained": [pushes[2]]},
-        {"w": 2, "cache": empty, "replica": empty, "retained": [pushes[0]]},
-    ]
-    out = rebuilt.recover(0, live.n_applied.astype(np.int32), *reports)
+
+def test_rebuilt_shard_refuses_traffic_and_replays_in_worker_order() -> None:
+    live = _shard(replicas=2, optimizer="adagrad")
+    workers = [_Worker(live, w) for w in range(3)]
+    pushes: list[list[dict[str, object]]] = [[], [], []]
+    for clock in range(2):
+        for wk in workers:
+            wk.pull(list(range(8)), clock)  # clock 1: worker 0's pull carries the state of blocks 0, 1
+        for w in (2, 0, 1):
+            pushes[w].append(_push(live, w, clock, [w, 8 + w]))
+            live.push(pushes[w][-1])
+        live.end_clock(clock)
+    assert workers[0].pulled.ver[:3].tolist() == [1, 1, -1] and workers[1].pulled.ver[:3].tolist() == [-1] * 3
+
+    rebuilt = ServerShard(live.cfg.to_dict(), None)  # a standby
+    with pytest.raises(ServerRecoveringError, match="standby"):
+        rebuilt.pull(0, np.arange(8, dtype=np.int64))
+    rebuilt.take_over(0, live.cfg.to_dict())
+    with pytest.raises(ServerRecoveringError, match="rebuilding"):
+        rebuilt.pull(0, np.arange(8, dtype=np.int64))
+    # Acknowledged up to clock 0: workers retain clock 1's pushes; worker 0 holds the base copies.
+    reports = [wk.report([pushes[wk.w][1]]) for wk in workers]
+    out = rebuilt.recover(1, live.n_applied.astype(np.int32), *reports)
     assert out["missing"].size == 0 and out["replayed"] == 3 and not rebuilt.recovering
+    assert out["copies_used"] == 2
     assert rebuilt.slabs[0].tobytes() == live.slabs[0].tobytes()
     assert rebuilt.state["acc"][0].tobytes() == live.state["acc"][0].tobytes()
+    assert rebuilt.version.tolist() == live.version.tolist()
 
-    lossy = _shard(replicas=2)
-    out = lossy.recover(0, live.n_applied.astype(np.int32), *reports[:2])  # worker 2's update is gone
-    assert out["missing"].tolist() == [0, 1] and lossy.recovering  # both blocks it touched
+    lossy = ServerShard(live.cfg.to_dict(), None)
+    lossy.take_over(0, live.cfg.to_dict())
+    out = lossy.recover(1, live.n_applied.astype(np.int32), *reports[1:])  # worker 0's copies are gone
+    assert out["missing"].tolist() == [0, 1] and lossy.recovering  # both blocks clock 0 updated
 
 
 def test_workloads_are_deterministic_and_zipfian() -> None:

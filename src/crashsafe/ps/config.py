@@ -29,6 +29,10 @@ class PSConfig:
     pushes (a block touched again, or pulled, within L clocks needs none) and more worker memory.
     Default 4 under BSP; ``2 * staleness + 2`` under SSP, the most a worker's cached copy can trail
     the slowest worker's clock.
+    ``spares``: standby server actors kept running so that a dead server's shard is taken over at
+    once, without waiting for a new process (every recovery method uses them); when more servers
+    die at once than there are standbys, the rest wait for new actors. The pool is refilled once
+    the job is back where it was.
     """
 
     workload: str = "sparse_lr"
@@ -46,6 +50,7 @@ class PSConfig:
     checkpoint_dir: str | None = None
     checkpoint_every: int | None = None
     recovery_lag: int | None = None
+    spares: int = 1
     workload_options: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -75,6 +80,8 @@ class PSConfig:
                 raise PSConfigError(f"checkpoint_every must be >= 1, got {self.checkpoint_every}")
             if self.checkpoint_dir is None:
                 raise PSConfigError("checkpoint_every needs checkpoint_dir (where server shards are saved)")
+        if isinstance(self.spares, bool) or not isinstance(self.spares, int) or self.spares < 0:
+            raise PSConfigError(f"spares must be an int >= 0 (standby servers), got {self.spares!r}")
         if self.recovery_lag is not None and self.recovery_lag < 1:
             raise PSConfigError(f"recovery_lag must be >= 1, got {self.recovery_lag}")
         if self.lr is not None and not self.lr > 0:

@@ -3,7 +3,9 @@ and recovers (FreeLauncher rebuild, checkpoint rollback, or restart from scratch
 
 Workers talk to servers directly (pull, push). The driver only sequences clocks, carries the
 servers' replica pushes to workers, acknowledges updates, and coordinates recovery, so no actor
-ever waits on another actor that may be waiting on it.
+ever waits on another actor that may be waiting on it. It keeps a pool of standby server actors:
+a dead server's shard is taken over at once by a standby (every recovery method goes through
+this), and the pool is refilled in the background once the job is back where it was.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-import uuid
 import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -32,7 +33,9 @@ from crashsafe.ps.workloads import make_workload
 __all__ = ["PSJob"]
 
 ClockCallback = Callable[[int, RunResult], None]
-_ACTOR = {"num_cpus": 0, "max_restarts": -1, "max_task_retries": 0}
+# A dead server stays dead (a standby takes over its shard); a dead worker is relaunched by Ray.
+_SERVER = {"num_cpus": 0, "max_restarts": 0, "max_task_retries": 0}
+_WORKER = {"num_cpus": 0, "max_restarts": -1, "max_task_retries": 0}
 _RESTART_TIMEOUT = 120.0
 
 
@@ -52,7 +55,8 @@ class PSJob:
 
     ``address`` joins an existing Ray cluster; without it (and with Ray not yet initialized) a
     local loopback instance is started and shut down by :meth:`close`. ``on_clock(clock, result)``
-    is called after every completed clock (for progress bars).
+    is called after every completed clock (for progress bars). ``servers`` holds the actor serving
+    each shard, ``spares`` the standby server actors (``PSConfig.spares`` of them).
     """
 
     def __init__(
@@ -66,24 +70,27 @@ class PSJob:
         self.cfg = config
         self.address, self.num_cpus, self.on_clock = address, num_cpus, on_clock
         self.servers: list[Any] = []
+        self.spares: list[Any] = []
         self.workers: list[Any] = []
         self._own_ray = False
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> PSJob:
-        """Start Ray if needed, then the server and worker actors; returns once all are ready."""
+        """Start Ray if needed, then the server, standby and worker actors; returns once all are ready."""
         import ray
 
         self._own_ray = connect(self.address, num_cpus=self.num_cpus)
-        prefix = f"crashsafe-ps-{uuid.uuid4().hex[:12]}"
-        names = [f"{prefix}-server{s}" for s in range(self.cfg.servers)]
         config = self.cfg.to_dict()
-        server_cls, worker_cls = ray.remote(ServerShard), ray.remote(PSWorker)
-        self.servers = [server_cls.options(name=n, **_ACTOR).remote(config, s) for s, n in enumerate(names)]
-        self.workers = [
-            worker_cls.options(**_ACTOR).remote(config, w, names) for w in range(self.cfg.workers)
+        self._server_cls, worker_cls = ray.remote(ServerShard), ray.remote(PSWorker)
+        self.servers = [
+            self._server_cls.options(**_SERVER).remote(config, s) for s in range(self.cfg.servers)
         ]
-        ray.get([s.status.remote() for s in self.servers] + [w.pid.remote() for w in self.workers])
+        self._refill()
+        self.workers = [worker_cls.options(**_WORKER).remote(config, w) for w in range(self.cfg.workers)]
+        ray.get(
+            [s.status.remote() for s in self.servers + self.spares]
+            + [w.set_servers.remote(self.servers) for w in self.workers]
+        )
         return self
 
     def close(self) -> None:
@@ -95,9 +102,9 @@ class PSJob:
                 ray.get([s.close.remote() for s in self.servers], timeout=60)
             except Exception as exc:  # a closing job must not mask the error that closed it
                 warnings.warn(f"closing parameter servers: {exc}", RuntimeWarning, stacklevel=2)
-        for actor in self.servers + self.workers:
+        for actor in self.servers + self.spares + self.workers:
             ray.kill(actor, no_restart=True)
-        self.servers, self.workers = [], []
+        self.servers, self.spares, self.workers = [], [], []
         if self._own_ray:
             ray.shutdown()
             self._own_ray = False
@@ -132,7 +139,8 @@ class PSJob:
                     "phase 'before_apply' exists only under BSP (SSP applies pushes on arrival)"
                 )
         self.cfg = cfg
-        ray.get([a.configure.remote(cfg.to_dict()) for a in self.servers + self.workers])
+        self._refill()
+        ray.get([a.configure.remote(cfg.to_dict()) for a in self.servers + self.spares + self.workers])
         ray.get(
             [s.restore_checkpoint.remote(None) for s in self.servers]
             + [w.reset.remote() for w in self.workers]
@@ -149,7 +157,7 @@ class PSJob:
         self._pending: dict[int, list[Any]] = {}  # replica copies riding on each worker's next clock
         self._open: list[tuple[Recovery, float, int]] = []
         self._kill_time: float | None = None
-        self._relaunch_seconds = float("nan")
+        self._relaunch_seconds = float("nan")  # of the workers killed by the last injected failure
         self._relaunched: set[int] = set()
         self._clock_losses: dict[int, list[float]] = {}
         self._inflight: dict[Any, tuple[int, int]] = {}
@@ -334,6 +342,8 @@ class PSJob:
 
     # -- failures --------------------------------------------------------------------------------
     def _inject(self, clock: int, phase: str) -> None:
+        """Kill the actors of the failures due now; return once they are dead (servers: the job
+        finds out on its next call) or relaunched by Ray (workers)."""
         import ray
 
         for f in [f for f in self._failures if f.clock == clock and f.phase == phase]:
@@ -346,11 +356,12 @@ class PSJob:
                     ray.kill(actor, no_restart=False)
                 else:
                     os.kill(pid, signal.SIGKILL)
-            for (actor, pid), is_server in zip(
-                targets, [True] * len(f.servers) + [False] * len(f.workers), strict=True
-            ):
-                _wait_relaunched(actor, pid, is_server)
-            self._relaunch_seconds = time.perf_counter() - self._kill_time
+            for actor, _ in targets[: len(f.servers)]:
+                _wait_dead(actor)
+            for actor, pid in targets[len(f.servers) :]:
+                _wait_relaunched(actor, pid)
+            if f.workers:
+                self._relaunch_seconds = time.perf_counter() - self._kill_time
             for w in f.workers:
                 self._worker_lost(w)
             if f.workers:
@@ -360,8 +371,9 @@ class PSJob:
         """A worker died: wait for Ray to relaunch it; servers forget the copies it held."""
         import ray
 
-        _wait_relaunched(self.workers[w], None, False)
+        _wait_relaunched(self.workers[w], None)
         ray.get(self.workers[w].configure.remote(self.cfg.to_dict()))
+        ray.get(self.workers[w].set_servers.remote(self.servers))
         self._pending.pop(w, None)  # the servers forget what this worker held or was about to hold
         self._relaunched.add(w)
         for s in self.servers:
@@ -371,32 +383,77 @@ class PSJob:
                 if not server_unavailable(exc):
                     raise
 
-    def _statuses(self) -> list[bool]:
+    # -- standby servers -------------------------------------------------------------------------
+    def _refill(self) -> None:
+        """Start standby servers until the pool holds ``spares`` (not waited for); stop any surplus."""
         import ray
 
-        out = []
-        for s in self.servers:
-            _wait_relaunched(s, None, True)
-            ray.get(s.configure.remote(self.cfg.to_dict()))
-            out.append(bool(ray.get(s.status.remote())["recovering"]))
-        return out
+        while len(self.spares) > self.cfg.spares:
+            ray.kill(self.spares.pop(), no_restart=True)
+        while len(self.spares) < self.cfg.spares:
+            self.spares.append(self._server_cls.options(**_SERVER).remote(self.cfg.to_dict(), None))
+
+    def _standby(self) -> Any:
+        """A live standby from the pool, or (pool empty) a new server actor."""
+        import ray
+
+        while self.spares:
+            actor = self.spares.pop(0)
+            try:
+                ray.get(actor.status.remote())
+                return actor
+            except Exception as exc:
+                if not server_unavailable(exc):
+                    raise
+        return self._server_cls.options(**_SERVER).remote(self.cfg.to_dict(), None)
+
+    def _take_over(self) -> tuple[list[int], list[int]]:
+        """Give every dead server's shard to a standby and tell the workers.
+
+        Returns the dead servers and every server that needs a rebuild (the dead ones, plus any
+        that an earlier recovery left incomplete)."""
+        import ray
+
+        dead, bad = [], []
+        for s, actor in enumerate(self.servers):
+            try:
+                if ray.get(actor.status.remote())["recovering"]:
+                    bad.append(s)
+            except Exception as exc:
+                if not server_unavailable(exc):
+                    raise
+                dead.append(s)
+        for s in dead:
+            self.servers[s] = self._standby()
+            ray.get(self.servers[s].take_over.remote(s, self.cfg.to_dict()))
+        if dead:
+            told = {w: worker.set_servers.remote(self.servers) for w, worker in enumerate(self.workers)}
+            for w, ref in told.items():
+                try:
+                    ray.get(ref)
+                except Exception as exc:
+                    if not server_unavailable(exc):
+                        raise
+                    self._worker_lost(w)
+        return dead, sorted(dead + bad)
 
     def _recover(self) -> None:
-        """Find relaunched servers and bring them back: rebuild (FreeLauncher) or roll back."""
+        """Find dead servers and bring their shards back on standbys: rebuild (FreeLauncher) or roll back."""
         import ray
 
         while self._inflight:  # SSP: let running clocks finish (or fail) before touching servers
             self._collect(list(self._inflight))
         self._flush_replicas()
         begin = self._kill_time if self._kill_time is not None else time.perf_counter()
-        relaunch, self._kill_time, self._relaunch_seconds = self._relaunch_seconds, None, float("nan")
-        bad = [s for s, rec in enumerate(self._statuses()) if rec]
+        dead, bad = self._take_over()
+        replace = time.perf_counter() - begin if dead else self._relaunch_seconds
+        self._kill_time, self._relaunch_seconds = None, float("nan")
         workers, self._relaunched = sorted(self._relaunched), set()
         if not bad:
             if workers:
                 self._open.append(
                     (
-                        Recovery(self._completed + 1, [], workers, "worker", relaunch_seconds=relaunch),
+                        Recovery(self._completed + 1, [], workers, "worker", replace_seconds=replace),
                         begin,
                         self._completed,
                     )
@@ -404,10 +461,10 @@ class PSJob:
                 self._close_recoveries()
             return
         if self.cfg.mode == "none":
-            self._rollback(None, bad, workers, (begin, relaunch), "restart", "no fault tolerance: restarting")
+            self._rollback(None, bad, workers, (begin, replace), "restart", "no fault tolerance: restarting")
         if self.cfg.mode == "checkpoint":
-            self._rollback(self._checkpoint_step(), bad, workers, (begin, relaunch), "checkpoint", "")
-        event = Recovery(self._completed + 1, bad, workers, "replica", relaunch_seconds=relaunch)
+            self._rollback(self._checkpoint_step(), bad, workers, (begin, replace), "checkpoint", "")
+        event = Recovery(self._completed + 1, bad, workers, "replica", replace_seconds=replace)
         missing: dict[int, NDArray[np.int64]] = {}
         for s in bad:
             reports = [self._report(w, s) for w in range(self.cfg.workers)]
@@ -432,7 +489,7 @@ class PSJob:
             step = self._checkpoint_step()
             msg += f"; rolling back every server and worker to checkpoint step {step}"
             warnings.warn(msg, DataLossWarning, stacklevel=2)
-            self._rollback(step, bad, workers, (begin, relaunch), "checkpoint", msg)
+            self._rollback(step, bad, workers, (begin, replace), "checkpoint", msg)
         self._open.append((event, begin, self._completed))
         self._close_recoveries()
 
@@ -468,7 +525,7 @@ class PSJob:
     ) -> None:
         """Every server back to checkpoint ``step`` (None: initial values), every worker emptied.
 
-        ``when``: the failure's start time and how long Ray took to relaunch the actors."""
+        ``when``: the failure's start time and how long replacing the dead actors took."""
         import ray
 
         counts = ray.get([s.restore_checkpoint.remote(step) for s in self.servers])
@@ -483,7 +540,7 @@ class PSJob:
             recomputed_clocks=self._completed + 1 - resume,
             discarded_updates=discarded,
             message=message,
-            relaunch_seconds=when[1],
+            replace_seconds=when[1],
         )
         self._open.append((event, when[0], self._completed))
         self._ended = [resume - 1] * self.cfg.servers
@@ -492,7 +549,8 @@ class PSJob:
         raise _Rewind(resume)
 
     def _close_recoveries(self) -> None:
-        """Stamp the recovery time once the job is back where it was when the failure hit."""
+        """Stamp the recovery time once the job is back where it was when the failure hit; then
+        refill the standby pool (starting a process is kept off the recovery's critical path)."""
         now = time.perf_counter()
         for item in list(self._open):
             event, begin, target = item
@@ -500,18 +558,34 @@ class PSJob:
                 event.seconds = now - begin
                 self._result.recoveries.append(event)
                 self._open.remove(item)
+        if not self._open:
+            self._refill()
 
 
-def _wait_relaunched(actor: Any, old_pid: int | None, is_server: bool) -> None:
-    """Block until ``actor`` answers again (from a new process if ``old_pid`` is given)."""
+def _wait_dead(actor: Any) -> None:
+    """Block until calls to the killed ``actor`` fail (Ray notices within milliseconds)."""
+    import ray
+
+    deadline = time.monotonic() + _RESTART_TIMEOUT
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.status.remote(), timeout=_RESTART_TIMEOUT)
+        except Exception as exc:
+            if not server_unavailable(exc):
+                raise
+            return
+        time.sleep(0.005)
+    raise TimeoutError(f"a killed server still answered after {_RESTART_TIMEOUT:.0f} s")
+
+
+def _wait_relaunched(actor: Any, old_pid: int | None) -> None:
+    """Block until worker ``actor`` answers again (from a new process if ``old_pid`` is given)."""
     import ray
 
     deadline = time.monotonic() + _RESTART_TIMEOUT
     while True:
         try:
-            ref = actor.status.remote() if is_server else actor.pid.remote()
-            out = ray.get(ref, timeout=_RESTART_TIMEOUT)
-            pid = out["pid"] if is_server else out
+            pid = ray.get(actor.pid.remote(), timeout=_RESTART_TIMEOUT)
             if old_pid is None or pid != old_pid:
                 return
         except Exception as exc:

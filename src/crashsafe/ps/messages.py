@@ -5,7 +5,9 @@
 "meta"}``: blocks' values and optimizer state at a version. ``meta`` is one int32 array, a row per
 block: version, number of block updates included, then the last clock of each worker's updates
 included (under BSP one column: whole clocks are applied in order). One array, not four: every
-array costs serialization time on each of the many small pulls.
+array costs serialization time on each of the many small pulls. A pull's reply has the values
+of every block asked for and, with FreeLauncher, ``meta`` and ``s`` of only the blocks listed in
+``full`` (all of them when ``full`` is absent): the ones it makes the worker a complete copy of.
 """
 
 from __future__ import annotations

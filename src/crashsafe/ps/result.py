@@ -20,8 +20,9 @@ class Recovery:
     failure until the job again reached the progress it had then. ``recomputed_clocks`` are clocks
     the whole job ran a second time; ``discarded_updates`` are applied block updates thrown away;
     ``replayed_pushes`` are retained worker pushes a rebuilt server re-applied;
-    ``relaunch_seconds`` is the part of ``seconds`` Ray took to bring the killed actors back (known
-    for injected failures), the same for every recovery method.
+    ``replace_seconds`` is the part of ``seconds`` until every dead actor had a live replacement (a
+    standby server taking over the dead one's shard, or Ray relaunching a dead worker), the same
+    mechanism for every recovery method; known for servers, and for workers killed by injection.
     """
 
     clock: int
@@ -33,7 +34,7 @@ class Recovery:
     discarded_updates: int = 0
     replayed_pushes: int = 0
     message: str = ""
-    relaunch_seconds: float = float("nan")
+    replace_seconds: float = float("nan")
 
 
 @dataclass

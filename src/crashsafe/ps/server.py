@@ -1,13 +1,15 @@
 """A parameter-server shard: a key range of blocks, its optimizer state, and FreeLauncher's books.
 
-Per block the shard keeps its version (bumped by every applied batch), which workers hold which
-version (recorded at pull time in ``holder``, pushed by replication in ``replica``), and, per
-worker, the last clock of that worker's updates it includes (``applied``). At the end of each
-clock it makes sure the block's *recovery point* -- its version at the end of the clock ``lag``
-clocks back -- has k copies at that version or newer (its own counts as one), pushing the current
-version to the replica stores of just enough workers when it has not. Workers keep their updates
-until the recovery point covers them, so a relaunched shard rebuilds itself from the newest
-copies and replays the retained updates with no rollback.
+Per block the shard keeps its version (bumped by every applied batch), which workers hold a
+complete copy (values and optimizer state) at which version (``holder``: copies that came with a
+pull; ``replica``: copies pushed by replication), and, per worker, the last clock of that
+worker's updates it includes (``applied``). At the end of each clock it makes sure the block's
+*recovery point* -- its version at the end of the clock ``lag`` clocks back -- has k copies at
+that version or newer (its own counts as one), pushing the current version to the replica stores
+of just enough workers when it has not. A pull carries the optimizer state only for blocks short
+of copies, so workers that already pull a block make most of those pushes unnecessary. Workers
+keep their updates until the recovery point covers them, so a standby shard that takes over a
+dead one rebuilds it from the newest copies and replays the retained updates with no rollback.
 
 The class is plain Python (unit-testable); the driver runs it as a Ray actor.
 """
@@ -35,18 +37,18 @@ F32 = NDArray[np.float32]
 
 
 class ServerShard:
-    """Server ``server_id`` of a job. ``restarted=None`` asks Ray whether this is a relaunch."""
+    """Server ``server_id`` of a job, starting from the initial values; ``None`` makes a standby.
 
-    def __init__(self, config: dict[str, Any], server_id: int, restarted: bool | None = None) -> None:
+    A standby holds no shard and refuses traffic; :meth:`take_over` makes it the owner of a dead
+    server's key range, to be rebuilt (:meth:`recover`) or restored (:meth:`restore_checkpoint`).
+    """
+
+    def __init__(self, config: dict[str, Any], server_id: int | None) -> None:
         self.id = server_id
         self._config: dict[str, Any] | None = None
         self._manager: Any = None
+        self.recovering = False
         self.configure(config)
-        if restarted is None:
-            import ray
-
-            restarted = bool(ray.get_runtime_context().was_current_actor_reconstructed)
-        self.recovering = restarted
 
     def configure(self, config: dict[str, Any]) -> None:
         """Adopt a job configuration (a no-op if unchanged); the shard starts from its initial values."""
@@ -57,13 +59,22 @@ class ServerShard:
         self.cfg = PSConfig(**config)
         workload = make_workload(self.cfg.workload, self.cfg.seed, self.cfg.workload_options)
         self.layout = BlockLayout(workload.tables(), self.cfg.servers)
-        self.lo, self.hi = self.layout.ranges[self.id]
-        self.nb, self.workers = self.hi - self.lo, self.cfg.workers
+        self.workers = self.cfg.workers
         self.opt, self.lr = self.cfg.optimizer, self.cfg.lr or optim.DEFAULT_LR[self.cfg.optimizer]
         self.state_names = optim.STATE_NAMES[self.opt]
         self.scale = np.float32(1.0 / self.workers)
         self._init = workload.init_params()
-        self._fresh()
+        if self.id is not None:
+            self.lo, self.hi = self.layout.ranges[self.id]
+            self.nb = self.hi - self.lo
+            self._fresh()
+
+    def take_over(self, server_id: int, config: dict[str, Any]) -> None:
+        """Become server ``server_id`` (a standby replacing a dead one); refuse traffic until rebuilt."""
+        self.close()
+        self.id, self._config = server_id, None
+        self.configure(config)
+        self.recovering = True
 
     def _fresh(self) -> None:
         """Initial values (regenerable from the seed: version 0 needs no copy) and empty books."""
@@ -88,17 +99,31 @@ class ServerShard:
 
     # -- data path -------------------------------------------------------------------------------
     def _check(self) -> None:
+        if self.id is None:
+            raise ServerRecoveringError("a standby server holds no shard; promote it with take_over()")
         if self.recovering:
-            raise ServerRecoveringError(f"server {self.id} was relaunched and is rebuilding its shard; retry")
+            raise ServerRecoveringError(f"server {self.id} took over a dead shard and is rebuilding; retry")
 
     def pull(self, worker: int, blocks: Ints) -> Copy:
-        """Values of ``blocks`` (global ids, ascending); with FreeLauncher also state and versions."""
+        """Values of ``blocks`` (global ids, ascending); with FreeLauncher also the state and
+        metadata of the blocks this pull makes the worker a complete copy of: ``full`` (default:
+        all of ``blocks``).
+
+        Without optimizer state a complete copy costs only its metadata, so every pulled block is
+        one. Otherwise only blocks short of k copies of the next end of clock's recovery point
+        carry their state (which is 1 to 4 times the size of the values): a copy stays valid for
+        ``lag`` clock ends, so a block pulled every clock ships its state once every ``lag`` clocks,
+        to k - 1 workers, instead of to every worker every clock.
+        """
         self._check()
         local = blocks - self.lo
         reply: Copy = {"blocks": blocks, "v": self.layout.gather(self.slabs, self.bases, blocks)}
         if self.cfg.ft:
-            self.holder[local, worker] = self.version[local]
-            reply.update(self._copy_meta(blocks))
+            full = blocks
+            if self.state_names:
+                full = reply["full"] = blocks[self._short(local, self._point())]
+            self.holder[full - self.lo, worker] = self.version[full - self.lo]
+            reply.update(self._copy_meta(full))
         return reply
 
     def _copy_meta(self, blocks: Ints) -> Copy:
@@ -189,9 +214,10 @@ class ServerShard:
             "replicas": replicas,
         }
 
-    def holds(self, versions: Ints) -> NDArray[np.bool_]:
-        """Which workers hold a copy of each block at ``versions`` or newer (cache or replica store)."""
-        held: NDArray[np.bool_] = (self.holder >= versions[:, None]) | (self.replica >= versions[:, None])
+    def holds(self, versions: Ints, local: Ints | slice = slice(None)) -> NDArray[np.bool_]:
+        """Which workers hold a complete copy of blocks ``local`` at ``versions`` or newer."""
+        at = versions[:, None]
+        held: NDArray[np.bool_] = (self.holder[local] >= at) | (self.replica[local] >= at)
         return held
 
     def copies(self, versions: Ints) -> Ints:
@@ -199,11 +225,22 @@ class ServerShard:
         counted: Ints = self.holds(versions).sum(axis=1)
         return counted
 
+    def _point(self) -> Ints:
+        """Each block's recovery point at the next end of clock: its version ``lag`` clock ends back."""
+        return self.ends[0] if len(self.ends) == self.cfg.lag else np.zeros(self.nb, np.int64)
+
+    def _short(self, local: Ints, point: Ints) -> NDArray[np.bool_]:
+        """Which of blocks ``local`` lack k - 1 worker copies of ``point`` (version 0 needs none:
+        it is regenerated from the seed)."""
+        at = point[local]
+        short: NDArray[np.bool_] = (at > 0) & (self.holds(at, local).sum(axis=1) < self.cfg.replicas - 1)
+        return short
+
     def _replicate(self) -> dict[int, Copy]:
         need = self.cfg.replicas - 1
-        point = self.ends[0] if len(self.ends) == self.cfg.lag else np.zeros(self.nb, np.int64)
+        point = self._point()
         have = self.copies(point)
-        short = np.flatnonzero((point > 0) & (have < need))  # version 0 is regenerated from the seed
+        short = np.flatnonzero(self._short(np.arange(self.nb), point))
         if short.size == 0:
             return {}
         # Per short block, the first workers without a valid copy in an order rotated by block id,
@@ -232,8 +269,8 @@ class ServerShard:
         self.replica[:, worker] = -1
 
     def status(self) -> dict[str, Any]:
-        """Whether this shard needs rebuilding, and its process id (for fault injection)."""
-        return {"recovering": self.recovering, "pid": os.getpid()}
+        """Which shard this is (None: a standby), whether it needs rebuilding, and its process id."""
+        return {"id": self.id, "recovering": self.recovering, "pid": os.getpid()}
 
     def recover(self, ended: int, expected: NDArray[np.int32], *reports: dict[str, Any]) -> dict[str, Any]:
         """Rebuild from workers' copies and replay their retained updates; no rollback.
@@ -246,7 +283,7 @@ class ServerShard:
         self._fresh()
         best = np.zeros(self.nb, np.int64)
         for rep in reports:
-            for kind, book in (("cache", self.holder), ("replica", self.replica)):
+            for kind, book in (("pulled", self.holder), ("replica", self.replica)):
                 copy = rep[kind]
                 book[copy["blocks"] - self.lo, rep["w"]] = copy["meta"][:, VER]
                 best = self._adopt(copy, best)
@@ -298,6 +335,9 @@ class ServerShard:
     def _open_manager(self) -> Any:
         if self._manager is None:
             from crashsafe.manager import CheckpointManager
+
+            if self.id is None:
+                raise ServerRecoveringError("a standby server has no shard checkpoints; take_over() first")
 
             self._manager = CheckpointManager(self.cfg.shard_dir(self.id), keep_last=2)
         return self._manager

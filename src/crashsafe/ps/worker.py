@@ -1,9 +1,12 @@
 """A parameter-server worker: pull the blocks a minibatch touches, compute, push per server.
 
-With FreeLauncher on, the worker's pulled copies (values, optimizer state, version) double as
-replicas; a separate replica store holds the copies servers push to it; and every update is
-kept until the driver says the servers' recovery points cover it. A relaunched worker starts
-empty and rejoins at the clock it was running.
+With FreeLauncher on, the complete copies (values, optimizer state, version) that come with its
+pulls double as replicas and are kept apart from the cache the minibatch reads (later pulls
+that carry only values must not overwrite them); a replica store holds the copies servers push
+to it; and every update is kept until the driver says the servers' recovery points cover it. A
+relaunched worker starts empty and rejoins at the clock it was running. The driver tells it
+which actor serves each shard (:meth:`PSWorker.set_servers`), and again after a standby takes
+over a dead server.
 
 The class is plain Python; the driver runs it as a Ray actor.
 """
@@ -23,7 +26,7 @@ from crashsafe.ps.layout import BlockLayout
 from crashsafe.ps.messages import APPLIED, COUNT, VER, Copy, Push, nbytes, pack_meta
 from crashsafe.ps.workloads import make_workload
 
-__all__ = ["BlockStore", "PSWorker", "server_unavailable"]
+__all__ = ["BlockStore", "PSWorker", "install_pull", "server_unavailable"]
 
 Ints = NDArray[np.int64]
 F32 = NDArray[np.float32]
@@ -37,10 +40,12 @@ def server_unavailable(exc: BaseException) -> bool:
 
 
 class BlockStore:
-    """Full-size local tables plus, per block, the version and metadata of the copy held."""
+    """Full-size local tables plus, per block, the clock a copy arrived and (``meta``) the version,
+    metadata and optimizer state of the complete copy held."""
 
     def __init__(self, layout: BlockLayout, optimizer: str, workers: int, meta: bool) -> None:
         self.layout = layout
+        self.meta = meta
         self.values = [np.zeros((t.rows, t.dim), np.float32) for t in layout.tables]
         self.names = optim.STATE_NAMES[optimizer] if meta else ()
         self.state = {n: [np.zeros_like(v) for v in self.values] for n in self.names}
@@ -53,11 +58,11 @@ class BlockStore:
         self.workers = workers
 
     def install(self, copy: Copy, clock: int) -> None:
-        """Store a copy (from a pull or a replica push) received at ``clock``."""
+        """Store a copy received at ``clock``: values only, or (``meta`` stores) a complete copy."""
         blocks = copy["blocks"]
         self.layout.scatter(copy["v"], self.values, self.bases, blocks)
         self.clock[blocks] = clock
-        if "meta" in copy:
+        if self.meta:
             meta = copy["meta"]
             self.ver[blocks] = meta[:, VER]
             self.n[blocks] = meta[:, COUNT]
@@ -78,13 +83,23 @@ class BlockStore:
         return copy
 
 
-class PSWorker:
-    """Worker ``worker_id``; finds the servers by their Ray actor names."""
+def install_pull(copy: Copy, clock: int, cache: BlockStore, pulled: BlockStore) -> None:
+    """Put a pull's values in ``cache`` and the complete copies it carries (``full``, by default
+    every block when it has ``meta``) in ``pulled``."""
+    cache.install(copy, clock)
+    if "full" in copy:
+        values = cache.layout.gather(cache.values, cache.bases, copy["full"])
+        pulled.install({**copy, "blocks": copy["full"], "v": values}, clock)
+    elif "meta" in copy:
+        pulled.install(copy, clock)
 
-    def __init__(self, config: dict[str, Any], worker_id: int, server_names: list[str]) -> None:
+
+class PSWorker:
+    """Worker ``worker_id``; the driver hands it the server actors (:meth:`set_servers`)."""
+
+    def __init__(self, config: dict[str, Any], worker_id: int) -> None:
         self.id = worker_id
-        self.server_names = server_names
-        self._servers: list[Any] | None = None
+        self.servers: list[Any] = []
         self._config: dict[str, Any] | None = None
         self.configure(config)
 
@@ -102,17 +117,14 @@ class PSWorker:
     def reset(self) -> None:
         """Drop every copy and retained update (rollback, or a fresh relaunch)."""
         cfg = self.cfg
-        self.cache = BlockStore(self.layout, cfg.optimizer, cfg.workers, cfg.ft)
+        self.cache = BlockStore(self.layout, cfg.optimizer, cfg.workers, False)
+        self.pulled = BlockStore(self.layout, cfg.optimizer, cfg.workers, cfg.ft)
         self.replicas = BlockStore(self.layout, cfg.optimizer, cfg.workers, cfg.ft)
         self.retained: dict[int, dict[int, Push]] = {}
 
-    @property
-    def servers(self) -> list[Any]:
-        if self._servers is None:
-            import ray
-
-            self._servers = [ray.get_actor(name) for name in self.server_names]
-        return self._servers
+    def set_servers(self, servers: list[Any]) -> None:
+        """The actor serving each shard, in shard order (after a take-over, the new ones)."""
+        self.servers = servers
 
     def pid(self) -> int:
         """Process id (for fault injection)."""
@@ -147,7 +159,7 @@ class PSWorker:
                     raise
                 failed.append(s)
                 continue
-            self.cache.install(copy, clock)
+            install_pull(copy, clock, self.cache, self.pulled)
             pulled += nbytes(copy)
             extra += nbytes(copy) - int(copy["v"].nbytes) - int(copy["blocks"].nbytes)
         if failed:
@@ -199,7 +211,7 @@ class PSWorker:
         lo, hi = self.layout.ranges[server]
         return {
             "w": self.id,
-            "cache": self.cache.export(lo, hi),
+            "pulled": self.pulled.export(lo, hi),
             "replica": self.replicas.export(lo, hi),
             "retained": [
                 self.retained[t][server] for t in sorted(self.retained) if server in self.retained[t]
