@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -306,3 +307,69 @@ def test_power_durability_on_disk(tmp_path: Path) -> None:
 def test_auto_durability_on_tmpfs(shm_dir: Path) -> None:
     with Shelf(shm_dir / "s", size="1MiB") as shelf:
         assert shelf.durability == "process" and not shelf.map_sync
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_reserved_blocks_are_handed_out_by_empty_or_freed(shm_dir: Path, mode: str) -> None:
+    path = shm_dir / "s"
+    with Shelf(path, size="1MiB", tx_mode=mode) as shelf:
+        shelf["c"] = np.zeros((3, 3))
+        used = shelf.used
+        with pytest.raises(ShelfError, match="inside a transaction"):
+            shelf.reserve("c", (3, 3))
+        with shelf.transaction([]):
+            shelf.reserve("c", (3, 3))
+            shelf.reserve("d", 4, np.int32)
+            assert shelf.used > used and np.all(shelf["c"] == 0)  # nothing changed yet
+            out = shelf.empty("c", (3, 3))  # the reserved block, writable
+            out[:] = 5
+            assert shelf.empty("d", 5, np.int32).shape == (5,)  # another shape: a new block
+        assert np.all(shelf["c"] == 5) and shelf["c"] is out and shelf["d"].shape == (5,)
+        assert shelf.used == used + 64  # "d" is new; the old "c" and "d" reserved for 4 are free
+        with shelf.transaction([]):
+            shelf.reserve("c", (3, 3))
+            shelf.reserve("never", (100,))
+        assert shelf.used == used + 64 and "never" not in shelf and np.all(shelf["c"] == 5)
+        with pytest.raises(RuntimeError), shelf.transaction([]):
+            shelf.reserve("c", (3, 3))
+            shelf.empty("c", (3, 3))[:] = 7
+            raise RuntimeError
+        assert np.all(shelf["c"] == 5) and shelf.used == used + 64
+    with Shelf(path) as shelf:
+        assert np.all(shelf["c"] == 5) and shelf.info("c").version == 2
+
+
+def test_metadata_json_is_exactly_json_dumps(shm_dir: Path) -> None:
+    import json
+
+    from crashsafe.shelf.meta import MetaEncoder
+
+    values = {"t": True, "f": False, "i": -(1 << 70), "x": 0.1, "nan": math.nan, "inf": -math.inf,
+              "c": complex(1.5, math.inf), "none": None, "é\"\\ ✓": np.arange(3.0), "s": "x"}
+    with Shelf(shm_dir / "s", size="1MiB") as shelf:
+        encoder = MetaEncoder()
+        for step in range(3):  # the encoder reuses the JSON of unchanged variables
+            shelf.update({**values, "x": step / 3})
+            meta = shelf._meta
+            doc = {"format": 1, "size": meta.size, "tx": meta.tx, "rollback": meta.rollback,
+                   "vars": {name: _entry_doc(e) for name, e in meta.vars.items()}}
+            assert encoder.encode(meta) == json.dumps(doc, separators=(",", ":")).encode()
+
+
+def _entry_doc(e: Any) -> list[Any]:
+    if e.kind != "scalar":
+        return [e.kind, e.version, e.dtype, list(e.shape), e.offset, e.nbytes, f"{e.digest:016x}"]
+    kind = "none" if e.value is None else type(e.value).__name__
+    return ["scalar", e.version, kind, [e.value.real, e.value.imag] if kind == "complex" else e.value]
+
+
+def test_scalar_subclasses_are_stored_as_their_base_type(shm_dir: Path) -> None:
+    import enum
+
+    class Colour(enum.IntEnum):
+        RED = 3
+
+    with Shelf(shm_dir / "s", size="1MiB") as shelf:
+        shelf["colour"] = Colour.RED
+    with Shelf(shm_dir / "s") as shelf:
+        assert shelf["colour"] == 3 and type(shelf["colour"]) is int

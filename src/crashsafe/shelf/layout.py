@@ -129,7 +129,7 @@ def new_superblock(size: int) -> Superblock:
 def encode_meta_slot(seq: int, payload: bytes) -> bytes:
     """Header (magic, seq, length, checksum over header and payload) followed by the payload."""
     head = _META.pack(META_MAGIC, seq, len(payload))
-    return head + _U64.pack(_xxh(head, payload)) + payload
+    return head + _U64.pack(xxhash.xxh3_64_intdigest(head + payload)) + payload
 
 
 def decode_meta_slot(raw: bytes | memoryview, slot_size: int) -> tuple[int, bytes] | None:

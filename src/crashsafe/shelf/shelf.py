@@ -95,7 +95,7 @@ class VarInfo:
 class _Tx:
     """The transaction in progress: its number, its scope, and what it has done so far."""
 
-    __slots__ = ("began", "freed", "new_blocks", "opened", "scope", "seq", "touched", "undo")
+    __slots__ = ("began", "freed", "new_blocks", "opened", "reserved", "scope", "seq", "touched", "undo")
 
     def __init__(self, seq: int, scope: frozenset[str] | None) -> None:
         self.seq = seq
@@ -106,6 +106,7 @@ class _Tx:
         self.freed: list[int] = []
         self.touched: set[str] = set()  # names assigned, deleted or made writable in place
         self.opened: list[weakref.ref[_Array]] = []  # views made writable (read-only again at the end)
+        self.reserved: dict[str, tuple[Entry, _Array]] = {}  # blocks set aside for empty(), and views
 
 
 class Transaction:
@@ -277,7 +278,7 @@ class Shelf(MutableMapping[str, Any]):
     def update(self, other: Any = (), /, **kwargs: Any) -> None:
         """Assign many variables at once, in the open transaction or in one of their own."""
         self._check_open()
-        pairs = other.items() if isinstance(other, Mapping) else other
+        pairs = other.items() if isinstance(other, (dict, Mapping)) else other
         changes = [_coerce(name, value) for name, value in [*pairs, *kwargs.items()]]
 
         def apply(tx: _Tx) -> None:
@@ -343,21 +344,67 @@ class Shelf(MutableMapping[str, Any]):
         ``np.dot(a, b, out=shelf.empty("c", (n, n)))``. It is a fresh block (whatever ``tx_mode``)
         that replaces ``name`` at commit, so the old value stays readable until then.
         """
-        self._check_open()
-        tx = self._tx
-        if tx is None:
-            raise ShelfError("empty() hands out an array to fill inside a transaction: call it within "
-                             "`with shelf.transaction():`")
+        tx = self._open_tx("empty() hands out an array to fill")
         new_shape = (shape,) if isinstance(shape, int) else tuple(map(int, shape))
-        dt = np.dtype(dtype)
-        dtype_name = DTYPE_NAMES.get(dt)
-        if dtype_name is None:
-            raise UnsupportedStateError(f"shelf.empty({name!r}): dtype {dt} is not a native numeric dtype")
+        dt, dtype_name = _native(name, dtype)
+        old = self._work.get(name)
+        held = tx.reserved.pop(name, None)
+        if held is not None:
+            entry = held[0]
+            if entry.shape == new_shape and entry.dtype == dtype_name:  # claim the reserved block
+                self._work[name] = entry
+                if old is not None and old.has_block:
+                    self._drop_block(tx, old)
+                tx.touched.add(name)
+                return held[1]
+            del held  # its view dies: the block is free, not pinned
+            self._unreserve(tx, entry.offset)
         self._mark_begun(tx)
         nbytes = math.prod(new_shape) * dt.itemsize
-        entry = self._fresh_block(tx, name, "array", dtype_name, new_shape, nbytes, self._work.get(name))
+        entry = self._fresh_block(tx, name, "array", dtype_name, new_shape, nbytes, old)
         tx.touched.add(name)
         return self._view(name, entry)
+
+    def reserve(self, name: str, shape: int | Iterable[int], dtype: Any = np.float64) -> None:
+        """Set a fresh block aside, inside a transaction, for a later ``empty(name, shape, dtype)``
+        in it, which then just hands it out; ``name`` is unchanged until then, and a block not
+        claimed by the end of the transaction is freed.
+
+        For loops whose next state has the shapes of the current one: reserving when the
+        iteration's transaction begins takes the allocation off the computation's path.
+        """
+        tx = self._open_tx("reserve() sets a block aside for empty()")
+        new_shape = (shape,) if isinstance(shape, int) else tuple(map(int, shape))
+        dt, dtype_name = _native(name, dtype)
+        held = tx.reserved.pop(name, None)
+        if held is not None:
+            offset = held[0].offset
+            del held
+            self._unreserve(tx, offset)
+        self._mark_begun(tx)
+        nbytes = math.prod(new_shape) * dt.itemsize
+        offset = self._alloc_block(nbytes, name)
+        tx.new_blocks.add(offset)
+        old = self._work.get(name)
+        entry = Entry("array", old.version if old else 0, dtype_name, new_shape, offset, nbytes)
+        tx.reserved[name] = (entry, self._view(name, entry))
+
+    def _drop_reserved(self, tx: _Tx) -> None:
+        offsets = [entry.offset for entry, _ in tx.reserved.values()]
+        tx.reserved.clear()
+        for offset in offsets:
+            self._unreserve(tx, offset)
+
+    def _unreserve(self, tx: _Tx, offset: int) -> None:
+        """Free a reserved block nobody claimed (its view is unreachable by then)."""
+        tx.new_blocks.discard(offset)
+        self._release(offset)
+
+    def _open_tx(self, what: str) -> _Tx:
+        self._check_open()
+        if self._tx is None:
+            raise ShelfError(f"{what} inside a transaction: call it within `with shelf.transaction():`")
+        return self._tx
 
     def resize(self, name: str, shape: int | Iterable[int]) -> None:
         """Give array ``name`` a new shape; its leading bytes are kept, new elements are zero."""
@@ -456,6 +503,8 @@ class Shelf(MutableMapping[str, Any]):
     def _commit(self) -> None:
         tx = self._tx
         assert tx is not None
+        if tx.reserved:
+            self._drop_reserved(tx)
         if not tx.began:
             self._end()
             return
@@ -512,6 +561,7 @@ class Shelf(MutableMapping[str, Any]):
             self._broken = f"rolling back transaction {tx.seq} failed ({type(exc).__name__}: {exc})"
             self._end()
             raise
+        tx.reserved.clear()  # (their views die here: the blocks are free now, not pinned)
         for offset in [*tx.undo.values(), *tx.new_blocks]:
             self._release(offset)
         self._end()
@@ -552,7 +602,7 @@ class Shelf(MutableMapping[str, Any]):
         if index >= self._sb.record_size // RECORD_BYTES:
             raise ShelfError(f"a transaction can change at most {index - 1} committed variables in place; "
                              "split it, or assign new values instead of writing in place")
-        saved = self._alloc_block(entry.nbytes, f"the undo copy of {name!r}")
+        saved = self._alloc_block(entry.nbytes, name, "the undo copy of ")
         tx.undo[entry.offset] = saved
         self._u8[saved : saved + entry.nbytes] = self._u8[entry.offset : entry.offset + entry.nbytes]
         at = self._sb.record_off + index * RECORD_BYTES
@@ -581,7 +631,7 @@ class Shelf(MutableMapping[str, Any]):
     def _fresh_block(self, tx: _Tx, name: str, kind: str, dtype: str, shape: tuple[int, ...], nbytes: int,
                      old: Entry | None) -> Entry:
         """Point ``name`` at a newly allocated block (the old one is freed at commit)."""
-        offset = self._alloc_block(nbytes, f"{name!r} ({nbytes} bytes)")
+        offset = self._alloc_block(nbytes, name)
         tx.new_blocks.add(offset)
         entry = Entry(kind, old.version if old else 0, dtype, shape, offset, nbytes)  # type: ignore[arg-type]
         self._work[name] = entry
@@ -618,15 +668,16 @@ class Shelf(MutableMapping[str, Any]):
 
     # ------------------------------------------------------------------ blocks and views
 
-    def _alloc_block(self, nbytes: int, what: str) -> int:
+    def _alloc_block(self, nbytes: int, name: str, role: str = "") -> int:
         offset = self._alloc.alloc(nbytes)
         if offset is None:
             self._sweep_pins()
             offset = self._alloc.alloc(nbytes)
         if offset is None:
+            data_bytes = self._meta.size - self._sb.data_start
             raise ShelfFullError(
-                f"the shelf {self.path} is full: no free block for {what} (largest free block "
-                f"{self._alloc.largest_gap()} of {self._meta.size - self._sb.data_start} bytes). The "
+                f"the shelf {self.path} is full: no free block for {role}{name!r} ({nbytes} bytes; the "
+                f"largest free block has {self._alloc.largest_gap()} of {data_bytes} bytes). The "
                 "transaction is rolled back and the shelf's data is intact. Delete variables, or "
                 "reopen with a larger size= to grow the arena."
             )
@@ -792,6 +843,25 @@ def _copy(dst: _Array, src: _Array) -> None:
         np.copyto(dst, src, casting="equiv")
 
 
+# what empty()/reserve() accept as a dtype, resolved without numpy's dtype machinery
+_DTYPE_ARGS: dict[Any, tuple[np.dtype[Any], str]] = {
+    key: (dt, name) for name, dt in NUMERIC_DTYPES.items() for key in (name, dt, dt.type)}
+
+
+def _native(name: str, dtype: Any) -> tuple[np.dtype[Any], str]:
+    """(dtype, its shelf name) of a native numeric ``dtype`` argument; anything else is refused."""
+    try:
+        return _DTYPE_ARGS[dtype]
+    except (KeyError, TypeError):
+        pass
+    dt = np.dtype(dtype)
+    dtype_name = DTYPE_NAMES.get(dt)
+    if dtype_name is None:
+        raise UnsupportedStateError(f"shelf variable {name!r}: dtype {dt} is not a native numeric dtype")
+    return dt, dtype_name
+
+
+_NATIVE_IDS = frozenset(map(id, DTYPE_NAMES))  # numpy's builtin dtypes are singletons: a quick test
 _SCALAR_TYPES = (bool, int, float, complex)  # bool first: it is an int too
 _PLAIN_SCALARS = frozenset([*_SCALAR_TYPES, type(None)])
 
@@ -803,7 +873,7 @@ def _coerce(name: str, value: Any) -> tuple[str, str, Any]:
         raise UnsupportedStateError(f"shelf variable names are non-empty strings, got {name!r}")
     if type(value) in _PLAIN_SCALARS:
         return name, "scalar", value
-    if isinstance(value, np.ndarray) and value.dtype in DTYPE_NAMES:
+    if isinstance(value, np.ndarray) and (id(value.dtype) in _NATIVE_IDS or value.dtype in DTYPE_NAMES):
         return name, "array", value
     return name, *_coerce_other(name, value)
 

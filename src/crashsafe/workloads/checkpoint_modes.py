@@ -72,6 +72,10 @@ class ShelfStore:
     scalars and commits it; with undo transactions ``save`` copies the new arrays over the old
     ones in place (PyMM's way), after saving the old bytes to the undo log.
 
+    ``output`` begins the iteration's transaction and reserves (``Shelf.reserve``) a block for each
+    array of the current state, shaped like it: the next state of an iterative algorithm usually
+    has the same shapes, so its ``empty`` calls just hand those blocks out.
+
     ``load`` returns arena-backed views: a resumed run reads its state straight from the shelf."""
 
     FILE = "state.shelf"
@@ -83,6 +87,7 @@ class ShelfStore:
         self.shelf: Any = None
         self.recovered: Any = None
         self._open_tx: Any = None
+        self._arrays: dict[str, tuple[tuple[int, ...], np.dtype[Any]]] = {}  # the state's array shapes
         if self.path.exists():
             self._open(None)
 
@@ -95,7 +100,12 @@ class ShelfStore:
     def load(self) -> dict[str, Any] | None:
         if self.shelf is None or "iteration" not in self.shelf:
             return None
-        return {name: self.shelf[name] for name in self.shelf}
+        state = {name: self.shelf[name] for name in self.shelf}
+        self._note_arrays(state)
+        return state
+
+    def _note_arrays(self, state: Mapping[str, Any]) -> None:
+        self._arrays = {name: (v.shape, v.dtype) for name, v in state.items() if isinstance(v, np.ndarray)}
 
     def output(self) -> Allocate | None:
         if self.shelf is None or self.tx_mode == "undo":
@@ -104,6 +114,8 @@ class ShelfStore:
             return None
         self._open_tx = self.shelf.transaction([])  # covers changes made through the shelf only
         self._open_tx.__enter__()
+        for name, (shape, dtype) in self._arrays.items():
+            self.shelf.reserve(name, shape, dtype)
         empty: Allocate = self.shelf.empty
         return empty
 
@@ -114,8 +126,10 @@ class ShelfStore:
         if self._open_tx is not None:
             transaction, self._open_tx = self._open_tx, None
             transaction.__exit__(None, None, None)  # commit
-        return {name: self.shelf[name] if isinstance(value, np.ndarray) else value
-                for name, value in state.items()}
+        saved = {name: self.shelf[name] if isinstance(value, np.ndarray) else value
+                 for name, value in state.items()}
+        self._note_arrays(saved)
+        return saved
 
     def close(self) -> None:
         if self.shelf is not None:
