@@ -25,6 +25,7 @@ def test_ps_group_is_registered_and_does_not_import_ray() -> None:
         (["--replicas", "9"], "needs 8 worker copies"),
         (["--kill-server-at", "100", "--clocks", "100"], "--kill-server-at must be in [0, 99]"),
         (["--workload", "imagenet"], "unknown workload 'imagenet'"),
+        (["--spares", "-1"], "spares must be an int >= 0"),
     ],
 )
 def test_demo_rejects_bad_arguments_before_starting_ray(args: list[str], message: str) -> None:

@@ -53,7 +53,8 @@ def _train(job: PSJob, config: PSConfig, title: str, failures: list[Failure]) ->
                 )
                 progress.console.print(
                     f"  [yellow]failure[/] of {who} before clock {event.clock}: "
-                    f"recovered by [bold]{event.kind}[/] in {event.seconds:.2f} s, "
+                    f"recovered by [bold]{event.kind}[/] in {event.seconds:.2f} s "
+                    f"(replacement {event.replace_seconds:.2f} s), "
                     f"{event.replayed_pushes} retained pushes replayed, "
                     f"{event.recomputed_clocks} clocks recomputed"
                 )
@@ -73,6 +74,7 @@ def demo_cmd(
     replicas: Annotated[int, typer.Option(help="k: copies of every block; tolerates k-1 failures")] = 2,
     kill_server_at: Annotated[int, typer.Option(help="clock after which servers are killed")] = 50,
     kill_servers: Annotated[int, typer.Option(help="how many servers to kill at once")] = 1,
+    spares: Annotated[int, typer.Option(help="standby servers ready to take over a dead one's shard")] = 1,
     how: Annotated[
         str, typer.Option(help="kill with 'ray' (ray.kill) or 'sigkill' (the process)")
     ] = "sigkill",
@@ -93,7 +95,13 @@ def demo_cmd(
     try:
         settings: dict[str, Any] = {"consistency": consistency, "optimizer": optimizer}  # checked by PSConfig
         config = PSConfig(
-            workload=workload, servers=servers, workers=workers, replicas=replicas, clocks=clocks, **settings
+            workload=workload,
+            servers=servers,
+            workers=workers,
+            replicas=replicas,
+            clocks=clocks,
+            spares=spares,
+            **settings,
         )
         if not 0 <= kill_server_at < clocks:
             raise typer.BadParameter(f"--kill-server-at must be in [0, {clocks - 1}] (the clocks run)")
