@@ -310,33 +310,45 @@ def test_auto_durability_on_tmpfs(shm_dir: Path) -> None:
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_reserved_blocks_are_handed_out_by_empty_or_freed(shm_dir: Path, mode: str) -> None:
+def test_reserved_arrays_become_variables_without_a_copy_or_are_freed(shm_dir: Path, mode: str) -> None:
     path = shm_dir / "s"
     with Shelf(path, size="1MiB", tx_mode=mode) as shelf:
         shelf["c"] = np.zeros((3, 3))
-        used = shelf.used
+        old, used = shelf["c"], shelf.used
         with pytest.raises(ShelfError, match="inside a transaction"):
-            shelf.reserve("c", (3, 3))
+            shelf.reserve((3, 3))
         with shelf.transaction([]):
-            shelf.reserve("c", (3, 3))
-            shelf.reserve("d", 4, np.int32)
-            assert shelf.used > used and np.all(shelf["c"] == 0)  # nothing changed yet
-            out = shelf.empty("c", (3, 3))  # the reserved block, writable
-            out[:] = 5
-            assert shelf.empty("d", 5, np.int32).shape == (5,)  # another shape: a new block
-        assert np.all(shelf["c"] == 5) and shelf["c"] is out and shelf["d"].shape == (5,)
-        assert shelf.used == used + 64  # "d" is new; the old "c" and "d" reserved for 4 are free
+            a = shelf.reserve((3, 3))
+            b = shelf.reserve(4, np.int32)
+            a[:] = 5
+            assert shelf.used == used + 128 + 64 and np.all(shelf["c"] == 0)  # nothing assigned yet
+            shelf.update({"c": a, "n": 1})  # adopted: no copy
+            assert shelf["c"] is a and shelf.used == used + 128 + 64
+        assert np.all(shelf["c"] == 5) and np.all(old == 0) and not a.flags.writeable
+        del b  # never assigned: freed at the commit (pinned until now, as it was alive)
+        shelf["x"] = 1
+        assert shelf.used == used + 128  # "c"'s old block stays pinned by `old`
+        del old
         with shelf.transaction([]):
-            shelf.reserve("c", (3, 3))
-            shelf.reserve("never", (100,))
-        assert shelf.used == used + 64 and "never" not in shelf and np.all(shelf["c"] == 5)
+            shelf.reserve((100,))  # dropped at once: freed at the commit
+            c = shelf.reserve((3, 3))
+            c[:] = 6
+            shelf["d"] = c[:2]  # a slice is not the reserved array: copied
+        assert np.all(shelf["d"] == 6) and shelf.used == used + 64 + 128  # `c` pins its block
+        del c
+        shelf["x"] = 2
+        assert shelf.used == used + 64
         with pytest.raises(RuntimeError), shelf.transaction([]):
-            shelf.reserve("c", (3, 3))
-            shelf.empty("c", (3, 3))[:] = 7
+            e = shelf.reserve((3, 3))
+            e[:] = 7
+            shelf["c"] = e
             raise RuntimeError
-        assert np.all(shelf["c"] == 5) and shelf.used == used + 64
+        assert np.all(shelf["c"] == 5) and not e.flags.writeable and shelf.used == used + 64 + 128
+        del e
+        shelf["x"] = 3
+        assert shelf.used == used + 64
     with Shelf(path) as shelf:
-        assert np.all(shelf["c"] == 5) and shelf.info("c").version == 2
+        assert np.all(shelf["c"] == 5) and shelf.info("c").version == 2 and np.all(shelf["d"] == 6)
 
 
 def test_metadata_json_is_exactly_json_dumps(shm_dir: Path) -> None:

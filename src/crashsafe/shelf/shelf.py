@@ -106,7 +106,7 @@ class _Tx:
         self.freed: list[int] = []
         self.touched: set[str] = set()  # names assigned, deleted or made writable in place
         self.opened: list[weakref.ref[_Array]] = []  # views made writable (read-only again at the end)
-        self.reserved: dict[str, tuple[Entry, _Array]] = {}  # blocks set aside for empty(), and views
+        self.reserved: dict[int, tuple[int, _Array]] = {}  # id(array) -> (block, array) from reserve()
 
 
 class Transaction:
@@ -302,6 +302,8 @@ class Shelf(MutableMapping[str, Any]):
                 work[name] = Entry("scalar", committed.version + 1, value=data)
             if old is not None and old.kind != "scalar":
                 self._drop_block(tx, old)
+        elif kind == "array" and tx.reserved and self._adopt(tx, name, data, old):
+            pass  # the value was computed in a reserved block: it becomes the variable's
         elif old is not None and kind == "array" and self._is_live_block_view(tx, old, data):
             pass  # the value already is the variable's writable block (see empty())
         elif (kind == "array" and old is not None and old.kind == "array" and self.tx_mode == "undo"
@@ -346,59 +348,54 @@ class Shelf(MutableMapping[str, Any]):
         """
         tx = self._open_tx("empty() hands out an array to fill")
         new_shape = (shape,) if isinstance(shape, int) else tuple(map(int, shape))
-        dt, dtype_name = _native(name, dtype)
-        old = self._work.get(name)
-        held = tx.reserved.pop(name, None)
-        if held is not None:
-            entry = held[0]
-            if entry.shape == new_shape and entry.dtype == dtype_name:  # claim the reserved block
-                self._work[name] = entry
-                if old is not None and old.has_block:
-                    self._drop_block(tx, old)
-                tx.touched.add(name)
-                return held[1]
-            del held  # its view dies: the block is free, not pinned
-            self._unreserve(tx, entry.offset)
+        dt, dtype_name = _native(dtype)
         self._mark_begun(tx)
         nbytes = math.prod(new_shape) * dt.itemsize
-        entry = self._fresh_block(tx, name, "array", dtype_name, new_shape, nbytes, old)
+        entry = self._fresh_block(tx, name, "array", dtype_name, new_shape, nbytes, self._work.get(name))
         tx.touched.add(name)
         return self._view(name, entry)
 
-    def reserve(self, name: str, shape: int | Iterable[int], dtype: Any = np.float64) -> None:
-        """Set a fresh block aside, inside a transaction, for a later ``empty(name, shape, dtype)``
-        in it, which then just hands it out; ``name`` is unchanged until then, and a block not
-        claimed by the end of the transaction is freed.
+    def reserve(self, shape: int | Iterable[int], dtype: Any = np.float64) -> _Array:
+        """A writable array in a fresh block, inside a transaction, for no variable yet: assigning
+        it to one in the same transaction (``shelf[name] = a``, ``update``) makes it that
+        variable's value without a copy. Unassigned at the end of the transaction, it is freed.
 
-        For loops whose next state has the shapes of the current one: reserving when the
-        iteration's transaction begins takes the allocation off the computation's path.
+        For loops whose next state has the shapes of the current one: reserving its blocks when
+        the iteration's transaction begins takes the allocations off the computation's path.
         """
-        tx = self._open_tx("reserve() sets a block aside for empty()")
+        tx = self._open_tx("reserve() hands out an array to fill")
         new_shape = (shape,) if isinstance(shape, int) else tuple(map(int, shape))
-        dt, dtype_name = _native(name, dtype)
-        held = tx.reserved.pop(name, None)
-        if held is not None:
-            offset = held[0].offset
-            del held
-            self._unreserve(tx, offset)
+        dt, _ = _native(dtype)
         self._mark_begun(tx)
-        nbytes = math.prod(new_shape) * dt.itemsize
-        offset = self._alloc_block(nbytes, name)
+        offset = self._alloc_block(math.prod(new_shape) * dt.itemsize, None)
         tx.new_blocks.add(offset)
-        old = self._work.get(name)
-        entry = Entry("array", old.version if old else 0, dtype_name, new_shape, offset, nbytes)
-        tx.reserved[name] = (entry, self._view(name, entry))
+        view: _Array = np.ndarray(new_shape, dt, buffer=self._owner, offset=offset)
+        ref = weakref.ref(view)
+        self._views[offset] = [ref]
+        tx.opened.append(ref)
+        tx.reserved[id(view)] = (offset, view)
+        return view
+
+    def _adopt(self, tx: _Tx, name: str, data: _Array, old: Entry | None) -> bool:
+        """Make ``data``, if it is an array from :meth:`reserve` (intact), ``name``'s value."""
+        held = tx.reserved.get(id(data))
+        if held is None or held[1] is not data or not data.flags.c_contiguous:
+            return False
+        offset = held[0]
+        del tx.reserved[id(data)]
+        self._work[name] = Entry("array", old.version if old else 0, DTYPE_NAMES[data.dtype], data.shape,
+                                 offset, data.nbytes)
+        if old is not None and old.has_block:
+            self._drop_block(tx, old)
+        return True
 
     def _drop_reserved(self, tx: _Tx) -> None:
-        offsets = [entry.offset for entry, _ in tx.reserved.values()]
+        """Free the reserved blocks nobody adopted (pinned while their arrays are alive)."""
+        offsets = [offset for offset, _ in tx.reserved.values()]
         tx.reserved.clear()
         for offset in offsets:
-            self._unreserve(tx, offset)
-
-    def _unreserve(self, tx: _Tx, offset: int) -> None:
-        """Free a reserved block nobody claimed (its view is unreachable by then)."""
-        tx.new_blocks.discard(offset)
-        self._release(offset)
+            tx.new_blocks.discard(offset)
+            self._release(offset)
 
     def _open_tx(self, what: str) -> _Tx:
         self._check_open()
@@ -561,7 +558,7 @@ class Shelf(MutableMapping[str, Any]):
             self._broken = f"rolling back transaction {tx.seq} failed ({type(exc).__name__}: {exc})"
             self._end()
             raise
-        tx.reserved.clear()  # (their views die here: the blocks are free now, not pinned)
+        tx.reserved.clear()  # (their arrays die here unless held: their blocks are free, not pinned)
         for offset in [*tx.undo.values(), *tx.new_blocks]:
             self._release(offset)
         self._end()
@@ -668,7 +665,7 @@ class Shelf(MutableMapping[str, Any]):
 
     # ------------------------------------------------------------------ blocks and views
 
-    def _alloc_block(self, nbytes: int, name: str, role: str = "") -> int:
+    def _alloc_block(self, nbytes: int, name: str | None, role: str = "") -> int:
         offset = self._alloc.alloc(nbytes)
         if offset is None:
             self._sweep_pins()
@@ -676,7 +673,8 @@ class Shelf(MutableMapping[str, Any]):
         if offset is None:
             data_bytes = self._meta.size - self._sb.data_start
             raise ShelfFullError(
-                f"the shelf {self.path} is full: no free block for {role}{name!r} ({nbytes} bytes; the "
+                f"the shelf {self.path} is full: no free block for {role}{name or 'a reserved array'!r} "
+                f"({nbytes} bytes; the "
                 f"largest free block has {self._alloc.largest_gap()} of {data_bytes} bytes). The "
                 "transaction is rolled back and the shelf's data is intact. Delete variables, or "
                 "reopen with a larger size= to grow the arena."
@@ -848,7 +846,7 @@ _DTYPE_ARGS: dict[Any, tuple[np.dtype[Any], str]] = {
     key: (dt, name) for name, dt in NUMERIC_DTYPES.items() for key in (name, dt, dt.type)}
 
 
-def _native(name: str, dtype: Any) -> tuple[np.dtype[Any], str]:
+def _native(dtype: Any) -> tuple[np.dtype[Any], str]:
     """(dtype, its shelf name) of a native numeric ``dtype`` argument; anything else is refused."""
     try:
         return _DTYPE_ARGS[dtype]
@@ -857,7 +855,8 @@ def _native(name: str, dtype: Any) -> tuple[np.dtype[Any], str]:
     dt = np.dtype(dtype)
     dtype_name = DTYPE_NAMES.get(dt)
     if dtype_name is None:
-        raise UnsupportedStateError(f"shelf variable {name!r}: dtype {dt} is not a native numeric dtype")
+        raise UnsupportedStateError(f"dtype {dt} is not a native numeric dtype; a shelf holds bool, int, "
+                                    "uint, float and complex arrays")
     return dt, dtype_name
 
 

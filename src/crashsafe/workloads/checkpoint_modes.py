@@ -74,7 +74,7 @@ class ShelfStore:
 
     ``output`` begins the iteration's transaction and reserves (``Shelf.reserve``) a block for each
     array of the current state, shaped like it: the next state of an iterative algorithm usually
-    has the same shapes, so its ``empty`` calls just hand those blocks out.
+    has the same shapes, so its allocations just take those (any other shape: ``Shelf.empty``).
 
     ``load`` returns arena-backed views: a resumed run reads its state straight from the shelf."""
 
@@ -114,10 +114,15 @@ class ShelfStore:
             return None
         self._open_tx = self.shelf.transaction([])  # covers changes made through the shelf only
         self._open_tx.__enter__()
-        for name, (shape, dtype) in self._arrays.items():
-            self.shelf.reserve(name, shape, dtype)
+        blocks: dict[str, _Array] = {name: self.shelf.reserve(shape, dtype)
+                                     for name, (shape, dtype) in self._arrays.items()}
         empty: Allocate = self.shelf.empty
-        return empty
+
+        def allocate(name: str, shape: tuple[int, ...]) -> _Array:
+            block = blocks.pop(name, None)
+            return block if block is not None and block.shape == shape else empty(name, shape)
+
+        return allocate
 
     def save(self, state: Mapping[str, Any]) -> dict[str, Any]:
         if self.shelf is None:
