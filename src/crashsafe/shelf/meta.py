@@ -122,7 +122,7 @@ class MetaEncoder:
     """
 
     def __init__(self) -> None:
-        self._done: dict[str, tuple[Entry, str, str]] = {}  # name -> (entry, its JSON key, its JSON)
+        self._done: dict[str, tuple[Entry, str, str]] = {}  # name -> (entry, JSON key, "key:entry")
         self._rollback: tuple[dict[str, Any] | None, str] = (None, "null")
 
     def encode(self, meta: Meta) -> bytes:
@@ -130,15 +130,16 @@ class MetaEncoder:
         for name, entry in meta.vars.items():
             hit = done.get(name)
             if hit is None:
-                fresh[name] = (entry, _json_str(name), entry.to_json())
+                key = _json_str(name)
+                fresh[name] = (entry, key, f"{key}:{entry.to_json()}")
             elif hit[0] is entry:
                 fresh[name] = hit
             else:
-                fresh[name] = (entry, hit[1], entry.to_json())
+                fresh[name] = (entry, hit[1], f"{hit[1]}:{entry.to_json()}")
         self._done = fresh
         if self._rollback[0] is not meta.rollback:
             self._rollback = (meta.rollback, _ENCODE(meta.rollback))
-        body = ",".join([f"{key}:{text}" for _, key, text in fresh.values()])
+        body = ",".join([part for _, _, part in fresh.values()])
         return (f'{{"format":1,"size":{meta.size},"tx":{_tx_json(meta.tx)},"rollback":{self._rollback[1]},'
                 f'"vars":{{{body}}}}}').encode()
 

@@ -106,7 +106,8 @@ class _Tx:
         self.freed: list[int] = []
         self.touched: set[str] = set()  # names assigned, deleted or made writable in place
         self.opened: list[weakref.ref[_Array]] = []  # views made writable (read-only again at the end)
-        self.reserved: dict[int, tuple[int, _Array]] = {}  # id(array) -> (block, array) from reserve()
+        # arrays handed out by reserve(): id -> (array, its block's entry, its strides)
+        self.reserved: dict[int, tuple[_Array, Entry, tuple[int, ...]]] = {}
 
 
 class Transaction:
@@ -365,7 +366,7 @@ class Shelf(MutableMapping[str, Any]):
         """
         tx = self._open_tx("reserve() hands out an array to fill")
         new_shape = (shape,) if isinstance(shape, int) else tuple(map(int, shape))
-        dt, _ = _native(dtype)
+        dt, dtype_name = _native(dtype)
         self._mark_begun(tx)
         offset = self._alloc_block(math.prod(new_shape) * dt.itemsize, None)
         tx.new_blocks.add(offset)
@@ -373,25 +374,30 @@ class Shelf(MutableMapping[str, Any]):
         ref = weakref.ref(view)
         self._views[offset] = [ref]
         tx.opened.append(ref)
-        tx.reserved[id(view)] = (offset, view)
+        tx.reserved[id(view)] = (view, Entry("array", 0, dtype_name, new_shape, offset, view.nbytes),
+                                 view.strides)
         return view
 
     def _adopt(self, tx: _Tx, name: str, data: _Array, old: Entry | None) -> bool:
-        """Make ``data``, if it is an array from :meth:`reserve` (intact), ``name``'s value."""
+        """Make ``data``, if it is an array from :meth:`reserve` (its shape, strides and dtype
+        unchanged), ``name``'s value."""
         held = tx.reserved.get(id(data))
-        if held is None or held[1] is not data or not data.flags.c_contiguous:
+        if held is None or held[0] is not data:
             return False
-        offset = held[0]
-        del tx.reserved[id(data)]
-        self._work[name] = Entry("array", old.version if old else 0, DTYPE_NAMES[data.dtype], data.shape,
-                                 offset, data.nbytes)
+        _, entry, strides = held
+        if data.shape != entry.shape or data.strides != strides or DTYPE_NAMES.get(data.dtype) != entry.dtype:
+            return False
+        del tx.reserved[id(data)], held
+        if old is not None:
+            entry = Entry("array", old.version, entry.dtype, entry.shape, entry.offset, entry.nbytes)
+        self._work[name] = entry
         if old is not None and old.has_block:
             self._drop_block(tx, old)
         return True
 
     def _drop_reserved(self, tx: _Tx) -> None:
         """Free the reserved blocks nobody adopted (pinned while their arrays are alive)."""
-        offsets = [offset for offset, _ in tx.reserved.values()]
+        offsets = [entry.offset for _, entry, _ in tx.reserved.values()]
         tx.reserved.clear()
         for offset in offsets:
             tx.new_blocks.discard(offset)
@@ -637,11 +643,13 @@ class Shelf(MutableMapping[str, Any]):
         return entry
 
     def _drop_block(self, tx: _Tx, entry: Entry) -> None:
-        self._set_views_readonly(entry.offset)
         if entry.offset in tx.new_blocks:
+            self._set_views_readonly(entry.offset)
             tx.new_blocks.discard(entry.offset)
             self._release(entry.offset)
         else:
+            if entry.offset in tx.undo:  # (only blocks of this transaction have writable views)
+                self._set_views_readonly(entry.offset)
             tx.freed.append(entry.offset)
 
     def _write_meta(self, meta: Meta) -> None:
