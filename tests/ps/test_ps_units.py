@@ -32,6 +32,19 @@ def test_layout_gather_scatter_round_trip() -> None:
     assert layout.blocks_of_rows(1, np.array([0, 3, 4])).tolist() == [3, 4, 5]
 
 
+
+def test_layout_gathers_right_rows_for_many_block_sets_in_any_order() -> None:
+    """Remembered block sets (see BlockLayout._runs) never leak into another set's gather."""
+    layout = BlockLayout([TableSpec("a", 40, 2, 3), TableSpec("b", 17, 1, 4)], servers=2)
+    src = [np.arange(80, dtype=np.float32).reshape(40, 2), np.arange(17, dtype=np.float32).reshape(17, 1)]
+    rng = np.random.default_rng(1)
+    sets = [np.flatnonzero(rng.random(layout.n_blocks) < 0.5) for _ in range(40)]
+    for blocks in [*sets, *sets[::-1]]:  # more sets than it remembers, each seen again later
+        expect = [src[layout.table_of[b]][layout.row_lo[b] : layout.row_hi[b]].ravel() for b in blocks]
+        got = layout.gather(src, [0, 0], blocks)
+        assert np.array_equal(got, np.concatenate(expect) if expect else np.zeros(0, np.float32))
+        assert np.array_equal(layout.gather(src, [0, 0], blocks.astype(np.int32)), got)
+
 @settings(max_examples=40, deadline=None)
 @given(st.sampled_from(["sgd", "adagrad", "adam"]), st.integers(1, 6), st.integers(0, 2**31 - 1))
 def test_optimizer_is_bit_identical_however_rows_are_batched(optimizer: str, splits: int, seed: int) -> None:

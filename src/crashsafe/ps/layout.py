@@ -11,6 +11,7 @@ from numpy.typing import NDArray
 __all__ = ["BlockLayout", "TableSpec", "ranges_index"]
 
 Ints = NDArray[np.int64]
+_RECENT = 16  # block sets whose rows BlockLayout remembers
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class BlockLayout:
         bounds = np.linspace(0, self.n_blocks, servers + 1).round().astype(np.int64)
         self.ranges = [(int(bounds[s]), int(bounds[s + 1])) for s in range(servers)]
         self.server_of = np.repeat(np.arange(servers, dtype=np.int64), np.diff(bounds))
+        self._recent: dict[tuple[str, bytes], list[tuple[int, Ints]]] = {}  # block set -> rows (_runs)
 
     def blocks_of_rows(self, table: int, rows: Ints) -> Ints:
         """Global block id of each row of ``table``."""
@@ -63,12 +65,23 @@ class BlockLayout:
         return int(self.row_lo[mine[0]]), int(self.row_hi[mine[-1]])
 
     def _runs(self, blocks: Ints) -> list[tuple[int, Ints]]:
-        """Per table (ascending), the rows of ``blocks`` (ascending global ids) in order."""
-        out = []
-        tables = self.table_of[blocks]
-        for ti in np.unique(tables).tolist():
-            mine = blocks[tables == ti]
-            out.append((ti, ranges_index(self.row_lo[mine], self.row_hi[mine] - self.row_lo[mine])))
+        """Per table (ascending), the rows of ``blocks`` (ascending global ids) in order.
+
+        Remembered for the last few block sets: a dense model pulls the same blocks every clock,
+        and a pull gathers values and each optimizer state over them."""
+        key = (blocks.dtype.str, blocks.tobytes())
+        out = self._recent.get(key)
+        if out is None:
+            out = []
+            tables = self.table_of[blocks]
+            for ti in np.unique(tables).tolist():
+                mine = blocks[tables == ti]
+                rows = ranges_index(self.row_lo[mine], self.row_hi[mine] - self.row_lo[mine])
+                rows.flags.writeable = False  # shared by later calls
+                out.append((ti, rows))
+            if len(self._recent) >= _RECENT:
+                del self._recent[next(iter(self._recent))]
+            self._recent[key] = out
         return out
 
     def gather(
