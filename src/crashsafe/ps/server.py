@@ -121,7 +121,10 @@ class ServerShard:
         if self.cfg.ft:
             full = blocks
             if self.state_names:
-                full = reply["full"] = blocks[self._short(local, self._point())]
+                full = blocks[self._short(local, self._point())]
+                if full.size == 0:
+                    return reply  # no block needs a complete copy from this pull: values only
+                reply["full"] = full
             self.holder[full - self.lo, worker] = self.version[full - self.lo]
             reply.update(self._copy_meta(full))
         return reply
