@@ -15,7 +15,7 @@ digits MLP, sparse hashed logistic regression, matrix factorization), BSP and SS
   dead shard's replacement the same way, from one standby server actor; one more FreeLauncher
   row runs without a standby (a new actor is started on the failure) to show what it buys.
 
-    python -m bench ps [--quick] [--repeat=N] [--report-only]
+    python -m bench ps [--quick] [--repeat=N] [--clocks=N] [--report-only]
 """
 
 from __future__ import annotations
@@ -428,7 +428,7 @@ def main(argv: list[str]) -> None:
     quick = "--quick" in argv
     repeat = next((int(a.split("=", 1)[1]) for a in argv if a.startswith("--repeat=")), 1 if quick else 8)
     repeat_rec = 1 if quick else 3
-    clocks = 12 if quick else 40
+    clocks = 12 if quick else next((int(a.split("=", 1)[1]) for a in argv if a.startswith("--clocks=")), 100)
     begin, load0 = time.perf_counter(), os.getloadavg()[0]
     over: list[dict[str, Any]] = []
     rec: list[dict[str, Any]] = []
