@@ -359,13 +359,18 @@ def test_metadata_json_is_exactly_json_dumps(shm_dir: Path) -> None:
     values = {"t": True, "f": False, "i": -(1 << 70), "x": 0.1, "nan": math.nan, "inf": -math.inf,
               "c": complex(1.5, math.inf), "none": None, "é\"\\ ✓": np.arange(3.0), "s": "x"}
     with Shelf(shm_dir / "s", size="1MiB") as shelf:
-        encoder = MetaEncoder()
-        for step in range(3):  # the encoder reuses the JSON of unchanged variables
-            shelf.update({**values, "x": step / 3})
+        encoders = MetaEncoder(), MetaEncoder()
+        for step in range(4):  # the encoder reuses the JSON of unchanged variables
+            if step == 3:
+                del shelf["é\"\\ ✓"]  # a commit record naming a deleted variable
+            else:
+                shelf.update({**values, "x": step / 3})
             meta = shelf._meta
             doc = {"format": 1, "size": meta.size, "tx": meta.tx, "rollback": meta.rollback,
                    "vars": {name: _entry_doc(e) for name, e in meta.vars.items()}}
-            assert encoder.encode(meta) == json.dumps(doc, separators=(",", ":")).encode()
+            want = json.dumps(doc, separators=(",", ":")).encode()
+            assert encoders[0].encode(meta) == want
+            assert encoders[1].encode(meta, committed=True) == want  # as commits write it
 
 
 def _entry_doc(e: Any) -> list[Any]:

@@ -20,8 +20,8 @@ from crashsafe.shelf.errors import CorruptShelfError
 from crashsafe.shelf.layout import META_HEADER, Superblock, decode_meta_slot
 
 __all__ = [
-    "DTYPE_NAMES", "NUMERIC_DTYPES", "Entry", "Kind", "Meta", "MetaEncoder", "decode_meta", "encode_meta",
-    "read_newest", "scalar_ok",
+    "DTYPE_NAMES", "NUMERIC_DTYPES", "Entry", "Kind", "Meta", "MetaEncoder", "commit_record", "decode_meta",
+    "encode_meta", "read_newest", "scalar_ok",
 ]
 
 Kind = Literal["array", "str", "bytes", "scalar"]
@@ -57,7 +57,12 @@ class Entry(NamedTuple):
             shape = ",".join(map(str, self.shape))
             return (f'["{self.kind}",{self.version},"{self.dtype}",[{shape}],{self.offset},{self.nbytes},'
                     f'"{self.digest:016x}"]')
-        return f'["scalar",{self.version},"{_scalar_type(self.value)}",{_scalar_json(self.value)}]'
+        value = self.value
+        if type(value) is float and value - value == 0.0:  # finite: the common case, inline
+            return f'["scalar",{self.version},"float",{float.__repr__(value)}]'
+        if type(value) is int:
+            return f'["scalar",{self.version},"int",{int.__repr__(value)}]'
+        return f'["scalar",{self.version},"{_scalar_type(value)}",{_scalar_json(value)}]'
 
 
 @dataclass
@@ -100,16 +105,9 @@ def _scalar_json(value: bool | int | float | complex | None) -> str:
     return int.__repr__(value)
 
 
-def _tx_json(tx: dict[str, Any]) -> str:
-    """JSON of a commit record ``{"seq", "time", "changed", "deleted"}``, written by every commit and
-    so formatted directly; any other dict goes through ``json``. The text is the same either way."""
-    if list(tx) == ["seq", "time", "changed", "deleted"]:
-        seq, when, changed, deleted = tx.values()
-        if (type(seq) is int and type(when) is float and type(changed) is list and type(deleted) is list
-                and all(type(name) is str for name in [*changed, *deleted])):
-            names = [",".join(map(_json_str, changed)), ",".join(map(_json_str, deleted))]
-            return f'{{"seq":{seq},"time":{_float_json(when)},"changed":[{names[0]}],"deleted":[{names[1]}]}}'
-    return _ENCODE(tx)
+def commit_record(seq: int, when: float, changed: list[str], deleted: list[str]) -> dict[str, Any]:
+    """A commit's record: its number and time, and the variables it changed and deleted."""
+    return {"seq": seq, "time": when, "changed": changed, "deleted": deleted}
 
 
 class MetaEncoder:
@@ -125,7 +123,9 @@ class MetaEncoder:
         self._done: dict[str, tuple[Entry, str, str]] = {}  # name -> (entry, JSON key, "key:entry")
         self._rollback: tuple[dict[str, Any] | None, str] = (None, "null")
 
-    def encode(self, meta: Meta) -> bytes:
+    def encode(self, meta: Meta, committed: bool = False) -> bytes:
+        """The JSON of ``meta``; ``committed`` says its ``tx`` is a :func:`commit_record` (whose
+        changed variables are in ``meta``: their cached JSON keys are reused)."""
         done, fresh = self._done, {}
         for name, entry in meta.vars.items():
             hit = done.get(name)
@@ -140,8 +140,18 @@ class MetaEncoder:
         if self._rollback[0] is not meta.rollback:
             self._rollback = (meta.rollback, _ENCODE(meta.rollback))
         body = ",".join([part for _, _, part in fresh.values()])
-        return (f'{{"format":1,"size":{meta.size},"tx":{_tx_json(meta.tx)},"rollback":{self._rollback[1]},'
+        tx_json = _commit_json(meta.tx, fresh) if committed else _ENCODE(meta.tx)
+        return (f'{{"format":1,"size":{meta.size},"tx":{tx_json},"rollback":{self._rollback[1]},'
                 f'"vars":{{{body}}}}}').encode()
+
+
+def _commit_json(tx: dict[str, Any], keys: dict[str, tuple[Entry, str, str]]) -> str:
+    """JSON of a commit record, formatted directly (the changed names' JSON is the encoder's cached
+    keys): the text ``json.dumps`` gives (a commit's time is a finite float)."""
+    changed = ",".join([keys[name][1] for name in tx["changed"]])
+    deleted = ",".join(map(_json_str, tx["deleted"]))
+    return (f'{{"seq":{tx["seq"]},"time":{float.__repr__(tx["time"])},"changed":[{changed}],'
+            f'"deleted":[{deleted}]}}')
 
 
 def encode_meta(meta: Meta) -> bytes:

@@ -57,6 +57,7 @@ from crashsafe.shelf.meta import (
     Entry,
     Meta,
     MetaEncoder,
+    commit_record,
     encode_meta,
     read_newest,
     scalar_ok,
@@ -280,7 +281,13 @@ class Shelf(MutableMapping[str, Any]):
         """Assign many variables at once, in the open transaction or in one of their own."""
         self._check_open()
         pairs = other.items() if isinstance(other, (dict, Mapping)) else other
-        changes = [_coerce(name, value) for name, value in [*pairs, *kwargs.items()]]
+        changes = [_coerce(name, value) for name, value in [*pairs, *kwargs.items()]]  # all, first
+        tx = self._tx
+        if tx is not None:  # (inline: this runs at every iteration of a checkpointed loop)
+            self._mark_begun(tx)
+            for name, kind, data in changes:
+                self._set(tx, name, kind, data)
+            return
 
         def apply(tx: _Tx) -> None:
             for name, kind, data in changes:
@@ -297,8 +304,9 @@ class Shelf(MutableMapping[str, Any]):
             committed = self._meta.vars.get(name)
             if committed is None:
                 work[name] = Entry("scalar", 1, value=data)
-            elif committed.kind == "scalar" and _same_scalar(committed.value, data):
-                work[name] = committed
+            elif committed.kind == "scalar" and type(committed.value) is type(data) and (
+                    committed.value == data or (data != data and committed.value != committed.value)):
+                work[name] = committed  # the same value (NaN included)
             else:
                 work[name] = Entry("scalar", committed.version + 1, value=data)
             if old is not None and old.kind != "scalar":
@@ -532,10 +540,11 @@ class Shelf(MutableMapping[str, Any]):
                 self._arena.sync()
             if _ARMED:
                 faults.reached("shelf_before_meta")
-            info = {"seq": tx.seq, "time": time.time(), "changed": sorted(changed),
-                    "deleted": sorted(deleted)}
+            changed.sort()
+            deleted.sort()
+            info = commit_record(tx.seq, time.time(), changed, deleted)
             committed = Meta(tx.seq, meta.size, work, info, meta.rollback)
-            self._write_meta(committed)
+            self._write_meta(committed, commit=True)
         except BaseException as exc:
             self._abort(f"commit failed: {type(exc).__name__}: {exc}")
             raise
@@ -652,9 +661,10 @@ class Shelf(MutableMapping[str, Any]):
                 self._set_views_readonly(entry.offset)
             tx.freed.append(entry.offset)
 
-    def _write_meta(self, meta: Meta) -> None:
-        """Write ``meta`` into slot ``seq % 2`` (never the newest valid one) and flush: the commit."""
-        blob = encode_meta_slot(meta.seq, self._encoder.encode(meta))
+    def _write_meta(self, meta: Meta, commit: bool = False) -> None:
+        """Write ``meta`` into slot ``seq % 2`` (never the newest valid one) and flush: the commit
+        (``commit``: ``meta.tx`` is the :func:`commit_record` of the transaction being committed)."""
+        blob = encode_meta_slot(meta.seq, self._encoder.encode(meta, commit))
         if len(blob) > self._sb.slot_size:
             raise ShelfFullError(
                 f"the shelf's metadata ({len(blob)} bytes) no longer fits its slot "
@@ -833,9 +843,6 @@ def _sealed(old: Entry | None, new: Entry, digest: int) -> Entry:
         return Entry(new.kind, old.version, new.dtype, new.shape, new.offset, new.nbytes, digest)
     return Entry(new.kind, old.version + 1, new.dtype, new.shape, new.offset, new.nbytes, digest)
 
-
-def _same_scalar(a: Any, b: Any) -> bool:
-    return type(a) is type(b) and (a == b or (a != a and b != b))
 
 
 def _copy(dst: _Array, src: _Array) -> None:
