@@ -11,7 +11,7 @@ from crashsafe.errors import CrashsafeError
 from crashsafe.ps import Failure, PSConfig, PSConfigError, ServerRecoveringError, optim
 from crashsafe.ps.layout import BlockLayout, TableSpec
 from crashsafe.ps.server import ServerShard
-from crashsafe.ps.worker import BlockStore, install_pull
+from crashsafe.ps.worker import BlockStore, PSWorker, install_pull
 from crashsafe.ps.workloads import make_workload
 from crashsafe.ps.workloads.sparse_lr import hash_features
 
@@ -32,7 +32,6 @@ def test_layout_gather_scatter_round_trip() -> None:
     assert layout.blocks_of_rows(1, np.array([0, 3, 4])).tolist() == [3, 4, 5]
 
 
-
 def test_layout_gathers_right_rows_for_many_block_sets_in_any_order() -> None:
     """Remembered block sets (see BlockLayout._runs) never leak into another set's gather."""
     layout = BlockLayout([TableSpec("a", 40, 2, 3), TableSpec("b", 17, 1, 4)], servers=2)
@@ -44,6 +43,7 @@ def test_layout_gathers_right_rows_for_many_block_sets_in_any_order() -> None:
         got = layout.gather(src, [0, 0], blocks)
         assert np.array_equal(got, np.concatenate(expect) if expect else np.zeros(0, np.float32))
         assert np.array_equal(layout.gather(src, [0, 0], blocks.astype(np.int32)), got)
+
 
 @settings(max_examples=40, deadline=None)
 @given(st.sampled_from(["sgd", "adagrad", "adam"]), st.integers(1, 6), st.integers(0, 2**31 - 1))
@@ -170,6 +170,59 @@ def test_pulls_carry_optimizer_state_only_for_blocks_short_of_copies() -> None:
     kept = workers[0].pulled
     assert kept.ver[:4].tolist() == [4, 4, 4, 4] and workers[1].pulled.ver[:4].tolist() == [-1] * 4
     assert workers[0].cache.values[0].tobytes() != kept.values[0].tobytes()
+
+
+def test_replica_copies_gathered_once_equal_a_gather_per_worker() -> None:
+    """_split_copy cuts one gather into per-worker copies: the same bytes as gathering each alone
+    (tables of different widths, optimizer state included)."""
+    cfg = PSConfig(workload="digits", servers=1, workers=4, replicas=3, optimizer="adam")
+    shard = ServerShard(cfg.to_dict(), 0)
+    rng = np.random.default_rng(0)
+    for ti, slab in enumerate(shard.slabs):
+        slab[...] = rng.normal(size=slab.shape)
+        for n in shard.state_names:
+            shard.state[n][ti][...] = rng.normal(size=slab.shape)
+    shard.version[...] = rng.integers(1, 9, shard.nb)
+    shard.applied[...] = rng.integers(0, 9, shard.applied.shape)
+    blocks = np.flatnonzero(rng.random(shard.nb) < 0.6).astype(np.int64)
+    pick = rng.random((blocks.size, 4)) < 0.4
+    pick[:, 3] = False  # a worker that gets nothing gets no copy
+    out = shard._split_copy(blocks, pick)
+    assert sorted(out) == [w for w in range(3) if pick[:, w].any()]
+    for w, copy in out.items():
+        mine = blocks[pick[:, w]]
+        alone = {"v": shard.layout.gather(shard.slabs, shard.bases, mine), **shard._copy_meta(mine)}
+        assert copy["blocks"].tolist() == mine.tolist()
+        for key in ("v", "s", "meta"):
+            assert copy[key].tobytes() == alone[key].tobytes()
+
+
+def test_sgd_copies_from_pulls_share_the_cache_tables() -> None:
+    """Without optimizer state every pull is a complete copy, so the worker keeps one set of values
+    for its cache and its copies; with state (or without FreeLauncher) they stay apart."""
+    base = {
+        "workload": "sparse_lr",
+        "servers": 1,
+        "workers": 3,
+        "workload_options": {"buckets": 64, "block_rows": 8, "samples": 64},
+    }
+    sgd = PSWorker(PSConfig(**base, optimizer="sgd").to_dict(), 0)  # type: ignore[arg-type]
+    assert sgd.pulled.values is sgd.cache.values and sgd.replicas.values is not sgd.cache.values
+    for other in ({"optimizer": "adagrad"}, {"optimizer": "sgd", "mode": "none"}):
+        apart = PSWorker(PSConfig(**base, **other).to_dict(), 0)  # type: ignore[arg-type]
+        assert apart.pulled.values is not apart.cache.values
+    shard = ServerShard(sgd.cfg.to_dict(), 0)
+    latest = {}
+    for clock, blocks in enumerate(([0, 2, 5], [2, 3])):
+        shard.push(_push(shard, 1, clock, [1, 17, 20]))  # blocks 0 and 2 change every clock
+        shard.end_clock(clock)
+        reply = shard.pull(0, np.array(blocks, np.int64))
+        install_pull(reply, clock, sgd.cache, sgd.pulled)
+        latest.update({b: reply["v"][8 * i : 8 * i + 8] for i, b in enumerate(blocks)})
+    copy = sgd.pulled.export(0, 8)
+    assert copy["blocks"].tolist() == [0, 2, 3, 5]
+    assert copy["meta"][:, 0].tolist() == [1, 2, 0, 0]  # block 0 as pulled at clock 0, not as now (v2)
+    assert copy["v"].tobytes() == np.concatenate([latest[b] for b in (0, 2, 3, 5)]).tobytes()
 
 
 def test_rebuilt_shard_refuses_traffic_and_replays_in_worker_order() -> None:

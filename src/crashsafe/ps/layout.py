@@ -74,8 +74,9 @@ class BlockLayout:
         if out is None:
             out = []
             tables = self.table_of[blocks]
-            for ti in np.unique(tables).tolist():
-                mine = blocks[tables == ti]
+            one = blocks.size > 0 and tables[0] == tables[-1]  # ascending blocks: all in one table
+            for ti in [int(tables[0])] if one else np.unique(tables).tolist():
+                mine = blocks if one else blocks[tables == ti]
                 rows = ranges_index(self.row_lo[mine], self.row_hi[mine] - self.row_lo[mine])
                 rows.flags.writeable = False  # shared by later calls
                 out.append((ti, rows))

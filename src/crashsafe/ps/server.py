@@ -242,27 +242,33 @@ class ServerShard:
     def _replicate(self) -> dict[int, Copy]:
         need = self.cfg.replicas - 1
         point = self._point()
-        have = self.copies(point)
-        short = np.flatnonzero(self._short(np.arange(self.nb), point))
+        held = self.holds(point)
+        have = held.sum(axis=1)
+        short = np.flatnonzero((point > 0) & (have < need))  # as _short(), over every block
         if short.size == 0:
             return {}
         # Per short block, the first workers without a valid copy in an order rotated by block id,
         # which spreads the replica stores' load evenly.
         score = (np.arange(self.workers)[None, :] - short[:, None]) % self.workers
-        score[self.holds(point)[short]] = self.workers
+        score[held[short]] = self.workers
         rank = np.argsort(np.argsort(score, axis=1, kind="stable"), axis=1)
         pick = rank < (need - have[short])[:, None]
         rows, cols = np.nonzero(pick)
         self.replica[short[rows], cols] = self.version[short[rows]]
-        chosen = {w: short[pick[:, w]] for w in range(self.workers) if pick[:, w].any()}
-        out = {}
-        for w, local in chosen.items():
-            blocks = local + self.lo
-            out[w] = {
-                "blocks": blocks,
-                "v": self.layout.gather(self.slabs, self.bases, blocks),
-                **self._copy_meta(blocks),
-            }
+        return self._split_copy(short + self.lo, pick)
+
+    def _split_copy(self, blocks: Ints, pick: NDArray[np.bool_]) -> dict[int, Copy]:
+        """Per worker ``w``, the complete copy of the ``blocks`` with ``pick[:, w]`` set; each block
+        is gathered once, however many workers it goes to."""
+        whole: Copy = {"v": self.layout.gather(self.slabs, self.bases, blocks), **self._copy_meta(blocks)}
+        sizes = self.layout.block_elems(blocks)
+        out: dict[int, Copy] = {}
+        for w in np.flatnonzero(pick.any(axis=0)).tolist():
+            mine = pick[:, w]
+            elems = np.repeat(mine, sizes)
+            out[w] = {"blocks": blocks[mine], "v": whole["v"][elems], "meta": whole["meta"][mine]}
+            if "s" in whole:
+                out[w]["s"] = whole["s"][:, elems]
         return out
 
     # -- failures --------------------------------------------------------------------------------

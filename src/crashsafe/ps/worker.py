@@ -41,12 +41,25 @@ def server_unavailable(exc: BaseException) -> bool:
 
 class BlockStore:
     """Full-size local tables plus, per block, the clock a copy arrived and (``meta``) the version,
-    metadata and optimizer state of the complete copy held."""
+    metadata and optimizer state of the complete copy held.
 
-    def __init__(self, layout: BlockLayout, optimizer: str, workers: int, meta: bool) -> None:
+    ``values``: tables to share with another store instead of owning zeroed ones (see
+    :meth:`PSWorker.reset`); :meth:`install` then leaves the values to that store.
+    """
+
+    def __init__(
+        self,
+        layout: BlockLayout,
+        optimizer: str,
+        workers: int,
+        meta: bool,
+        values: list[F32] | None = None,
+    ) -> None:
         self.layout = layout
         self.meta = meta
-        self.values = [np.zeros((t.rows, t.dim), np.float32) for t in layout.tables]
+        if values is None:
+            values = [np.zeros((t.rows, t.dim), np.float32) for t in layout.tables]
+        self.values = values
         self.names = optim.STATE_NAMES[optimizer] if meta else ()
         self.state = {n: [np.zeros_like(v) for v in self.values] for n in self.names}
         self.bases = [0] * len(layout.tables)
@@ -57,10 +70,12 @@ class BlockStore:
         self.n = np.zeros(nb, np.int64)
         self.workers = workers
 
-    def install(self, copy: Copy, clock: int) -> None:
-        """Store a copy received at ``clock``: values only, or (``meta`` stores) a complete copy."""
+    def install(self, copy: Copy, clock: int, values: bool = True) -> None:
+        """Store a copy received at ``clock``: values only, or (``meta`` stores) a complete copy;
+        ``values=False`` skips the values (already installed in the tables this store shares)."""
         blocks = copy["blocks"]
-        self.layout.scatter(copy["v"], self.values, self.bases, blocks)
+        if values:
+            self.layout.scatter(copy["v"], self.values, self.bases, blocks)
         self.clock[blocks] = clock
         if self.meta:
             meta = copy["meta"]
@@ -85,13 +100,14 @@ class BlockStore:
 
 def install_pull(copy: Copy, clock: int, cache: BlockStore, pulled: BlockStore) -> None:
     """Put a pull's values in ``cache`` and the complete copies it carries (``full``, by default
-    every block when it has ``meta``) in ``pulled``."""
+    every block when it has ``meta``) in ``pulled``; a ``pulled`` store sharing the cache's tables
+    takes only the metadata."""
     cache.install(copy, clock)
     if "full" in copy:
         values = cache.layout.gather(cache.values, cache.bases, copy["full"])
         pulled.install({**copy, "blocks": copy["full"], "v": values}, clock)
     elif "meta" in copy:
-        pulled.install(copy, clock)
+        pulled.install(copy, clock, values=pulled.values is not cache.values)
 
 
 class PSWorker:
@@ -118,7 +134,10 @@ class PSWorker:
         """Drop every copy and retained update (rollback, or a fresh relaunch)."""
         cfg = self.cfg
         self.cache = BlockStore(self.layout, cfg.optimizer, cfg.workers, False)
-        self.pulled = BlockStore(self.layout, cfg.optimizer, cfg.workers, cfg.ft)
+        # Without optimizer state every pull is a complete copy of every block it brings, so the
+        # copies from pulls are exactly the cache's values: share them instead of writing twice.
+        shared = self.cache.values if cfg.ft and not optim.STATE_NAMES[cfg.optimizer] else None
+        self.pulled = BlockStore(self.layout, cfg.optimizer, cfg.workers, cfg.ft, shared)
         self.replicas = BlockStore(self.layout, cfg.optimizer, cfg.workers, cfg.ft)
         self.retained: dict[int, dict[int, Push]] = {}
 
