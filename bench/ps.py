@@ -4,8 +4,11 @@ On one local Ray (2 servers, 4 workers, actors reused between runs), for each wo
 digits MLP, sparse hashed logistic regression, matrix factorization), BSP and SSP, k = 1..3:
 
 * throughput overhead of FreeLauncher against no fault tolerance, in wall time and in CPU time
-  of every actor plus the driver (CPU time is less disturbed by other load on the machine);
-  medians of ``--repeat`` interleaved runs in rotating order;
+  of every actor plus the driver (CPU time is less disturbed by other load on the machine),
+  both taken over the training clocks only (from the end of the first clock to the end of the
+  last: not the per-run setup, the first clock's allocations or the final evaluation, which cost
+  every method the same and would dilute the ratio); medians of ``--repeat`` interleaved runs in
+  rotating order, after one discarded warm-up run of every variant;
 * replication bytes per clock (replica pushes, optimizer state and versions in pulls, the
   per-clock update-count tables);
 * recovery from one SIGKILLed server (k = 2, 3): time from the kill until the job is back where
@@ -21,6 +24,7 @@ digits MLP, sparse hashed logistic regression, matrix factorization), BSP and SS
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import statistics
@@ -41,6 +45,7 @@ OPTIMIZER = "sgd"
 CKPT_INTERVALS = (3, 6, 12)
 NO_STANDBY = "FreeLauncher k=2, no standby"
 TARGET = {"dense-bsp": 0.05, "other": 0.15}
+WARMUP = 30  # clocks of each variant's discarded warm-up run
 
 
 def cpu_seconds(job: PSJob) -> float:
@@ -68,6 +73,27 @@ def config(workload: str, consistency: str, mode: str, k: int, clocks: int, **kw
     )
 
 
+def timed_run(job: PSJob, cfg: PSConfig) -> tuple[RunResult, float, float]:
+    """Run ``cfg``; return the result and the wall and CPU seconds of clocks 1 to the last (from
+    the end of clock 0 to the end of the last clock: the training loop without its setup)."""
+    marks: dict[int, tuple[float, float]] = {}
+
+    def mark(clock: int, _: RunResult) -> None:
+        if clock == 0:
+            cpu = cpu_seconds(job)  # before the clock starts: its own calls stay outside
+            marks[0] = (time.perf_counter(), cpu)
+        elif clock == cfg.clocks - 1:
+            marks[1] = (time.perf_counter(), cpu_seconds(job))
+
+    job.on_clock = mark
+    try:
+        result = job.run(config=cfg)
+    finally:
+        job.on_clock = None
+    (t0, c0), (t1, c1) = marks[0], marks[1]
+    return result, t1 - t0, c1 - c0
+
+
 def overhead(
     job: PSJob, workload: str, consistency: str, clocks: int, repeat: int, optimizer: str = OPTIMIZER
 ) -> list[dict[str, Any]]:
@@ -76,15 +102,15 @@ def overhead(
     wall: dict[tuple[str, int], list[float]] = {v: [] for v in variants}
     cpu: dict[tuple[str, int], list[float]] = {v: [] for v in variants}
     last: dict[tuple[str, int], RunResult] = {}
-    job.run(config=config(workload, consistency, "none", 1, clocks, optimizer=optimizer))  # warm-up
+    for mode, k in variants:  # warm-up: every variant's code paths and buffers once, not counted
+        job.run(config=config(workload, consistency, mode, k, min(clocks, WARMUP), optimizer=optimizer))
     for rep in range(repeat):
         for i in range(len(variants)):
             mode, k = variants[(i + rep) % len(variants)]
             cfg = config(workload, consistency, mode, k, clocks, optimizer=optimizer)
-            before = cpu_seconds(job)
-            result = job.run(config=cfg)
-            cpu[(mode, k)].append(cpu_seconds(job) - before)
-            wall[(mode, k)].append(result.seconds)
+            result, seconds, cpu_s = timed_run(job, cfg)
+            cpu[(mode, k)].append(cpu_s)
+            wall[(mode, k)].append(seconds)
             last[(mode, k)] = result
 
     def ratios(times: dict[tuple[str, int], list[float]], variant: tuple[str, int]) -> list[float]:
@@ -106,7 +132,7 @@ def overhead(
                 "cpu_overhead": statistics.median(ratios(cpu, (mode, k))),
                 "wall_ci": median_ci(ratios(wall, (mode, k))),
                 "cpu_ci": median_ci(ratios(cpu, (mode, k))),
-                "base_clocks_per_s": clocks / base_wall,
+                "base_clocks_per_s": (clocks - 1) / base_wall,
                 "noise": (max(wall[("none", 1)]) - min(wall[("none", 1)])) / base_wall,
                 "replica_bytes": r.replica_bytes / clocks,
                 "pull_extra_bytes": r.ft_pull_bytes / clocks,
@@ -120,9 +146,15 @@ def overhead(
 
 def median_ci(values: list[float]) -> tuple[float, float]:
     """A distribution-free interval for the median: the 2nd smallest and 2nd largest of >= 6 values
-    (93% coverage at 8), the extremes below that."""
+    (see :func:`ci_coverage`), the extremes below that."""
     v = sorted(values)
     return (v[1], v[-2]) if len(v) >= 6 else (v[0], v[-1])
+
+
+def ci_coverage(n: int) -> float:
+    """Probability that :func:`median_ci` of ``n`` values contains the true median."""
+    j = 1 if n >= 6 else 0  # values below the interval's lower end
+    return 1 - 2 * sum(math.comb(n, i) for i in range(j + 1)) / 2**n
 
 
 def recovery(
@@ -240,8 +272,11 @@ def write_report(
         "## Throughput overhead of FreeLauncher against no fault tolerance (failure-free runs)",
         "",
         "Overhead = median over repeats of (time with FreeLauncher / time without fault tolerance in the "
-        "same repeat) - 1, with a distribution-free interval for that median in brackets (2nd lowest to "
-        "2nd highest of the repeats: 93% coverage at 8 repeats; lowest to highest below 6). Target: at "
+        "same repeat) - 1, times taken over the training clocks (from the end of clock 0 to the end of "
+        "the last clock; setup and final evaluation excluded), after one discarded warm-up run of every "
+        "variant; a distribution-free interval for that median in brackets (2nd lowest to "
+        f"2nd highest of the repeats: {ci_coverage(args['repeat']):.0%} coverage at {args['repeat']} "
+        "repeats; lowest to highest below 6). Target: at "
         "most 5 % for dense BSP, at most 15 % for sparse or SSP. 'met' is yes when the median is within "
         "the target, 'noise' when it is not but the interval reaches the target (the run cannot tell), "
         "no otherwise. 'no-FT spread' is (slowest - fastest) / median of the repeated no-FT runs. "
@@ -426,7 +461,7 @@ def main(argv: list[str]) -> None:
         plot(saved["overhead"], saved["recovery"])
         return
     quick = "--quick" in argv
-    repeat = next((int(a.split("=", 1)[1]) for a in argv if a.startswith("--repeat=")), 1 if quick else 8)
+    repeat = next((int(a.split("=", 1)[1]) for a in argv if a.startswith("--repeat=")), 1 if quick else 10)
     repeat_rec = 1 if quick else 3
     clocks = 12 if quick else next((int(a.split("=", 1)[1]) for a in argv if a.startswith("--clocks=")), 100)
     begin, load0 = time.perf_counter(), os.getloadavg()[0]
