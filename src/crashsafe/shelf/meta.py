@@ -57,12 +57,7 @@ class Entry(NamedTuple):
             shape = ",".join(map(str, self.shape))
             return (f'["{self.kind}",{self.version},"{self.dtype}",[{shape}],{self.offset},{self.nbytes},'
                     f'"{self.digest:016x}"]')
-        value = self.value
-        if type(value) is float and value - value == 0.0:  # finite: the common case, inline
-            return f'["scalar",{self.version},"float",{float.__repr__(value)}]'
-        if type(value) is int:
-            return f'["scalar",{self.version},"int",{int.__repr__(value)}]'
-        return f'["scalar",{self.version},"{_scalar_type(value)}",{_scalar_json(value)}]'
+        return f'["scalar",{self.version},"{_scalar_type(self.value)}",{_scalar_json(self.value)}]'
 
 
 @dataclass

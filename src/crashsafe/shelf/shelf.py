@@ -281,13 +281,7 @@ class Shelf(MutableMapping[str, Any]):
         """Assign many variables at once, in the open transaction or in one of their own."""
         self._check_open()
         pairs = other.items() if isinstance(other, (dict, Mapping)) else other
-        changes = [_coerce(name, value) for name, value in [*pairs, *kwargs.items()]]  # all, first
-        tx = self._tx
-        if tx is not None:  # (inline: this runs at every iteration of a checkpointed loop)
-            self._mark_begun(tx)
-            for name, kind, data in changes:
-                self._set(tx, name, kind, data)
-            return
+        changes = [_coerce(name, value) for name, value in [*pairs, *kwargs.items()]]
 
         def apply(tx: _Tx) -> None:
             for name, kind, data in changes:
@@ -304,9 +298,8 @@ class Shelf(MutableMapping[str, Any]):
             committed = self._meta.vars.get(name)
             if committed is None:
                 work[name] = Entry("scalar", 1, value=data)
-            elif committed.kind == "scalar" and type(committed.value) is type(data) and (
-                    committed.value == data or (data != data and committed.value != committed.value)):
-                work[name] = committed  # the same value (NaN included)
+            elif committed.kind == "scalar" and _same_scalar(committed.value, data):
+                work[name] = committed
             else:
                 work[name] = Entry("scalar", committed.version + 1, value=data)
             if old is not None and old.kind != "scalar":
@@ -843,6 +836,9 @@ def _sealed(old: Entry | None, new: Entry, digest: int) -> Entry:
         return Entry(new.kind, old.version, new.dtype, new.shape, new.offset, new.nbytes, digest)
     return Entry(new.kind, old.version + 1, new.dtype, new.shape, new.offset, new.nbytes, digest)
 
+
+def _same_scalar(a: Any, b: Any) -> bool:
+    return type(a) is type(b) and (a == b or (a != a and b != b))
 
 
 def _copy(dst: _Array, src: _Array) -> None:
