@@ -225,6 +225,32 @@ def test_sgd_copies_from_pulls_share_the_cache_tables() -> None:
     assert copy["v"].tobytes() == np.concatenate([latest[b] for b in (0, 2, 3, 5)]).tobytes()
 
 
+def test_replica_store_installs_received_copies_in_batches_as_if_one_by_one() -> None:
+    """A replica store installs the copies it receives in batches (last received wins per block);
+    export sees every copy received so far, exactly as installing each on arrival would."""
+    cfg = PSConfig(workload="digits", servers=1, workers=4, replicas=3, optimizer="adam")
+    shard = ServerShard(cfg.to_dict(), 0)
+    batched = BlockStore(shard.layout, "adam", 4, meta=True)
+    eager = BlockStore(shard.layout, "adam", 4, meta=True)
+    rng = np.random.default_rng(3)
+    for step in range(45):  # more copies than a batch, overlapping blocks, tables of different widths
+        for ti, slab in enumerate(shard.slabs):
+            slab[...] = rng.normal(size=slab.shape)
+            for n in shard.state_names:
+                shard.state[n][ti][...] = rng.normal(size=slab.shape)
+        shard.version[...] = step + 1
+        blocks = np.flatnonzero(rng.random(shard.nb) < 0.3).astype(np.int64)
+        copy = {"blocks": blocks, "v": shard.layout.gather(shard.slabs, shard.bases, blocks)}
+        copy.update(shard._copy_meta(blocks))
+        batched.receive(copy)
+        eager.install(copy, 0)
+        if step in (0, 7, 44):  # export mid-batch too
+            a, b = batched.export(0, shard.nb), eager.export(0, shard.nb)
+            assert a["blocks"].tolist() == b["blocks"].tolist()
+            for key in ("v", "s", "meta"):
+                assert a[key].tobytes() == b[key].tobytes()
+
+
 def test_rebuilt_shard_refuses_traffic_and_replays_in_worker_order() -> None:
     live = _shard(replicas=2, optimizer="adagrad")
     workers = [_Worker(live, w) for w in range(3)]

@@ -22,7 +22,7 @@ from numpy.typing import NDArray
 from crashsafe.ps import optim
 from crashsafe.ps.config import PSConfig
 from crashsafe.ps.errors import ServerRecoveringError
-from crashsafe.ps.layout import BlockLayout
+from crashsafe.ps.layout import BlockLayout, ranges_index
 from crashsafe.ps.messages import APPLIED, COUNT, VER, Copy, Push, nbytes, pack_meta
 from crashsafe.ps.workloads import make_workload
 
@@ -30,6 +30,7 @@ __all__ = ["BlockStore", "PSWorker", "install_pull", "server_unavailable"]
 
 Ints = NDArray[np.int64]
 F32 = NDArray[np.float32]
+_BATCH = 32  # replica copies a worker keeps as received before installing them together
 
 
 def server_unavailable(exc: BaseException) -> bool:
@@ -69,6 +70,36 @@ class BlockStore:
         self.applied = np.full((nb, workers), -1, np.int64)
         self.n = np.zeros(nb, np.int64)
         self.workers = workers
+        self._received: list[Copy] = []
+
+    def receive(self, copy: Copy) -> None:
+        """Take a complete copy in, installing it later together with others (:meth:`flush`).
+
+        For replica stores: their copies are read only by :meth:`export`, and a worker gets a few
+        small ones every clock, which cost more to install one by one than in one batch."""
+        self._received.append(copy)
+        if len(self._received) >= _BATCH:
+            self.flush()
+
+    def flush(self) -> None:
+        """Install the copies :meth:`receive` took in as one: per block, the last one received."""
+        copies, self._received = self._received, []
+        if len(copies) <= 1:
+            for copy in copies:
+                self.install(copy, 0)
+            return
+        blocks = np.concatenate([c["blocks"] for c in copies])
+        sizes = self.layout.block_elems(blocks)
+        last = blocks.size - 1 - np.unique(blocks[::-1], return_index=True)[1]  # by block id
+        elems = ranges_index((np.cumsum(sizes) - sizes)[last], sizes[last])
+        merged: Copy = {
+            "blocks": blocks[last],
+            "v": np.concatenate([c["v"] for c in copies])[elems],
+            "meta": np.concatenate([c["meta"] for c in copies])[last],
+        }
+        if self.names:
+            merged["s"] = np.concatenate([c["s"] for c in copies], axis=1)[:, elems]
+        self.install(merged, 0)
 
     def install(self, copy: Copy, clock: int, values: bool = True) -> None:
         """Store a copy received at ``clock``: values only, or (``meta`` stores) a complete copy;
@@ -87,6 +118,7 @@ class BlockStore:
 
     def export(self, lo: int, hi: int) -> Copy:
         """The copies held for global blocks ``[lo, hi)``."""
+        self.flush()
         blocks = (np.flatnonzero(self.ver[lo:hi] >= 0) + lo).astype(np.int64)
         copy: Copy = {
             "blocks": blocks,
@@ -179,8 +211,9 @@ class PSWorker:
                 failed.append(s)
                 continue
             install_pull(copy, clock, self.cache, self.pulled)
-            pulled += nbytes(copy)
-            extra += nbytes(copy) - int(copy["v"].nbytes) - int(copy["blocks"].nbytes)
+            size = nbytes(copy)
+            pulled += size
+            extra += size - int(copy["v"].nbytes) - int(copy["blocks"].nbytes)
         if failed:
             return {"status": "pull_failed", "failed": failed}
         grads, loss = self.workload.grad(batch, self.cache.values)
@@ -219,11 +252,10 @@ class PSWorker:
             }
         return pushes
 
-    def replicate(self, copies: list[Copy]) -> int:
-        """Store copies servers pushed to this worker's replica store; return their bytes."""
+    def replicate(self, copies: list[Copy]) -> None:
+        """Store copies servers pushed to this worker's replica store."""
         for copy in copies:
-            self.replicas.install(copy, 0)
-        return nbytes(copies)
+            self.replicas.receive(copy)
 
     def report(self, server: int) -> dict[str, Any]:
         """Everything this worker holds for ``server``'s key range: copies and retained updates."""
