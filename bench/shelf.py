@@ -89,6 +89,14 @@ class FloorStore:
             return array
         return allocate if self._map is not None else None
 
+    def _mapped(self, name: str, value: np.ndarray) -> tuple[np.ndarray, int]:
+        """``value`` as computed in the file, and where: copied there if it was not (the first state)."""
+        held = self._arrays.get(name)
+        if held is None or held[0] is not value:
+            self.output()(name, value.shape)[...] = value  # type: ignore[misc]
+            held = self._arrays[name]
+        return held
+
     def save(self, state: dict[str, Any]) -> dict[str, Any]:
         if self._map is None:
             self._lay_out(state)
@@ -96,11 +104,7 @@ class FloorStore:
         parts = []
         for name, value in state.items():
             if type(value) is np.ndarray:
-                held = self._arrays.get(name)
-                if held is None or held[0] is not value:  # (the first state: not computed in place)
-                    self.output()(name, value.shape)[...] = value  # type: ignore[misc]
-                    held = self._arrays[name]
-                value, offset = held
+                value, offset = self._mapped(name, value)
                 digest = xxhash.xxh3_64_intdigest(self._mv[offset : offset + value.nbytes])
                 parts.append(f'"{name}":[{offset},{value.nbytes},{digest}]')
             else:
@@ -162,11 +166,7 @@ class GuardedFloorStore(FloorStore):
         for name, value in state.items():
             old = committed.get(name)
             if type(value) is np.ndarray:
-                held = self._arrays.get(name)
-                if held is None or held[0] is not value:  # (the first state: not computed in place)
-                    self.output()(name, value.shape)[...] = value  # type: ignore[misc]
-                    held = self._arrays[name]
-                value, region = held
+                value, region = self._mapped(name, value)
                 digest = xxhash.xxh3_64_intdigest(self._mv[region : region + value.nbytes])
                 version = 1 if old is None else old[2] + 1
                 committed[name] = digest, region, version
