@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from crashsafe.errors import CrashsafeError
 from crashsafe.ps import Failure, PSConfig, PSConfigError, ServerRecoveringError, optim
 from crashsafe.ps.layout import BlockLayout, TableSpec
+from crashsafe.ps.messages import decode_copy, encode_copy
 from crashsafe.ps.server import ServerShard
 from crashsafe.ps.worker import BlockStore, PSWorker, install_pull
 from crashsafe.ps.workloads import make_workload
@@ -128,12 +129,12 @@ def test_shard_replicates_only_blocks_short_of_k_copies() -> None:
     assert shard.version.tolist() == [1, 2, 1, 0, 0, 0, 0, 0]
     # Block 1's recovery point (version 1, the end of clock 0) has one worker copy (worker 2's) where
     # k=3 needs two: its current version goes to one more worker's replica store, not to every worker.
-    (copy,) = out["replicas"].values()
+    (copy,) = map(decode_copy, out["replicas"].values())
     assert copy["blocks"].tolist() == [1] and copy["meta"][:, 0].tolist() == [2]
     assert 2 not in out["replicas"]  # worker 2 already counts
     assert shard.copies(shard.version).tolist() == [3, 1, 3, 3, 3, 3, 3, 3]
     # Next clock the recovery point moves to version 2, which has one copy: one more push, then none.
-    assert [c["blocks"].tolist() for c in shard.end_clock(2)["replicas"].values()] == [[1]]
+    assert [decode_copy(c)["blocks"].tolist() for c in shard.end_clock(2)["replicas"].values()] == [[1]]
     assert shard.copies(shard.version).tolist() == [3, 2, 3, 3, 3, 3, 3, 3]
     assert shard.end_clock(3)["replicas"] == {}
 
@@ -148,7 +149,7 @@ def test_longer_recovery_lag_lets_a_recent_pull_count() -> None:
     # Recovery point = version at the end of clock 0 (v1); worker 0's copy (v1) still counts.
     assert shard.end_clock(2)["replicas"] == {}
     # Now the recovery point is v2, which no worker holds: one replica.
-    assert [c["blocks"].tolist() for c in shard.end_clock(3)["replicas"].values()] == [[1]]
+    assert [decode_copy(c)["blocks"].tolist() for c in shard.end_clock(3)["replicas"].values()] == [[1]]
 
 
 def test_pulls_carry_optimizer_state_only_for_blocks_short_of_copies() -> None:
@@ -195,6 +196,27 @@ def test_replica_copies_gathered_once_equal_a_gather_per_worker() -> None:
         assert copy["blocks"].tolist() == mine.tolist()
         for key in ("v", "s", "meta"):
             assert copy[key].tobytes() == alone[key].tobytes()
+
+
+@pytest.mark.parametrize(("optimizer", "consistency"), [("sgd", "bsp"), ("adam", "ssp"), ("adagrad", "bsp")])
+def test_replica_copies_cross_as_bytes_unchanged(optimizer: str, consistency: str) -> None:
+    """encode_copy/decode_copy: the same blocks, values, state and metadata, bit for bit."""
+    cfg = PSConfig(workload="digits", servers=1, workers=4, optimizer=optimizer, consistency=consistency)  # type: ignore[arg-type]
+    shard = ServerShard(cfg.to_dict(), 0)
+    rng = np.random.default_rng(5)
+    for ti, slab in enumerate(shard.slabs):
+        slab[...] = rng.normal(size=slab.shape)
+        for n in shard.state_names:
+            shard.state[n][ti][...] = rng.normal(size=slab.shape)
+    shard.applied[...] = rng.integers(-1, 50, shard.applied.shape)
+    for blocks in (np.array([0, 3, 4, shard.nb - 1], np.int64), np.zeros(0, np.int64)):
+        copy = {"blocks": blocks, "v": shard.layout.gather(shard.slabs, shard.bases, blocks)}
+        copy.update(shard._copy_meta(blocks))
+        back = decode_copy(encode_copy(copy))
+        assert sorted(back) == sorted(copy)
+        for key, value in copy.items():
+            assert back[key].dtype == value.dtype and back[key].shape == value.shape
+            assert back[key].tobytes() == value.tobytes()
 
 
 def test_sgd_copies_from_pulls_share_the_cache_tables() -> None:

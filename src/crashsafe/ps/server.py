@@ -26,7 +26,7 @@ from crashsafe.ps import optim
 from crashsafe.ps.config import PSConfig
 from crashsafe.ps.errors import ServerRecoveringError
 from crashsafe.ps.layout import BlockLayout, ranges_index
-from crashsafe.ps.messages import APPLIED, COUNT, VER, Copy, Push, pack_meta, push_blocks
+from crashsafe.ps.messages import APPLIED, COUNT, VER, Copy, Push, encode_copy, pack_meta, push_blocks
 from crashsafe.ps.workloads import make_workload
 from crashsafe.storage.writer import delete_step
 
@@ -205,7 +205,7 @@ class ServerShard:
         if self.cfg.consistency == "bsp":
             batch = self.buffer.pop(clock, {})
             self._apply([self._unapplied(batch[w]) for w in sorted(batch)])
-        replicas: dict[int, Copy] = {}
+        replicas: dict[int, bytes] = {}
         if self.cfg.ft:
             replicas = self._replicate()
         self.ends = [*self.ends, self.version.copy()][-self.cfg.lag :]
@@ -239,8 +239,11 @@ class ServerShard:
         short: NDArray[np.bool_] = (at > 0) & (self.holds(at, local).sum(axis=1) < self.cfg.replicas - 1)
         return short
 
-    def _replicate(self) -> dict[int, Copy]:
+    def _replicate(self) -> dict[int, bytes]:
+        """Top up blocks short of copies; per worker, its replica copy (:func:`encode_copy`)."""
         need = self.cfg.replicas - 1
+        if need == 0:
+            return {}
         point = self._point()
         held = self.holds(point)
         have = held.sum(axis=1)
@@ -255,7 +258,7 @@ class ServerShard:
         pick = rank < (need - have[short])[:, None]
         rows, cols = np.nonzero(pick)
         self.replica[short[rows], cols] = self.version[short[rows]]
-        return self._split_copy(short + self.lo, pick)
+        return {w: encode_copy(copy) for w, copy in self._split_copy(short + self.lo, pick).items()}
 
     def _split_copy(self, blocks: Ints, pick: NDArray[np.bool_]) -> dict[int, Copy]:
         """Per worker ``w``, the complete copy of the ``blocks`` with ``pick[:, w]`` set; each block

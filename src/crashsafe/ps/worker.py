@@ -23,7 +23,7 @@ from crashsafe.ps import optim
 from crashsafe.ps.config import PSConfig
 from crashsafe.ps.errors import ServerRecoveringError
 from crashsafe.ps.layout import BlockLayout, ranges_index
-from crashsafe.ps.messages import APPLIED, COUNT, VER, Copy, Push, nbytes, pack_meta
+from crashsafe.ps.messages import APPLIED, COUNT, VER, Copy, Push, decode_copy, nbytes, pack_meta
 from crashsafe.ps.workloads import make_workload
 
 __all__ = ["BlockStore", "PSWorker", "install_pull", "server_unavailable"]
@@ -181,7 +181,7 @@ class PSWorker:
         """Process id (for fault injection)."""
         return os.getpid()
 
-    def run_clock(self, clock: int, ack: int, replicas: list[Copy] | None = None) -> dict[str, Any]:
+    def run_clock(self, clock: int, ack: int, replicas: list[bytes] | None = None) -> dict[str, Any]:
         """Store ``replicas``, then pull, compute and push one minibatch; updates of clocks <= ``ack``
         are safe to drop (their recovery points have k copies, counting ``replicas``).
 
@@ -252,10 +252,10 @@ class PSWorker:
             }
         return pushes
 
-    def replicate(self, copies: list[Copy]) -> None:
-        """Store copies servers pushed to this worker's replica store."""
+    def replicate(self, copies: list[bytes]) -> None:
+        """Store copies servers pushed to this worker's replica store (:func:`encode_copy` form)."""
         for copy in copies:
-            self.replicas.receive(copy)
+            self.replicas.receive(decode_copy(copy))
 
     def report(self, server: int) -> dict[str, Any]:
         """Everything this worker holds for ``server``'s key range: copies and retained updates."""
