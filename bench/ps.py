@@ -324,9 +324,9 @@ def write_dense_report(
     """``ps_dense.md``: the dense BSP rows alone, with enough repeats to tell 5 % from noise."""
     lines = header("Parameter server: dense BSP overhead, measured closely", args, load, seconds)
     lines += [
-        "The dense BSP rows of `ps.md` again, alone and with more paired repeats, so that each "
-        "median's interval is narrower than the 5 % target (in `ps.md`, with 10 repeats, the intervals "
-        "span about 10 points and a 5 % target cannot be told from noise).",
+        "The dense BSP rows of `ps.md` again, alone and with three times the paired repeats: with 10 "
+        "repeats their intervals span about 10 points, twice the 5 % target, so a median near the "
+        "target cannot be told from noise; 30 repeats estimate each median about twice as tightly.",
         "",
         *overhead_section(over, args),
         "",
