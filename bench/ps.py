@@ -420,6 +420,8 @@ def verdicts(over: list[dict[str, Any]], rec: list[dict[str, Any]]) -> list[str]
                 else "."
             )
         )
+    out.append('- The dense BSP rows measured alone with 30 paired repeats: `make bench BENCH="ps --dense"`, '
+               "results in `ps_dense.md`.")
     faster = rest_faster = 0
     bare = [r for r in rec if r["method"] == NO_STANDBY]
     for r in flr:
