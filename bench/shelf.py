@@ -109,12 +109,15 @@ class FloorStore:
                 parts.append(f'"{name}":[{offset},{value.nbytes},{digest}]')
             else:
                 parts.append(f'"{name}":{value!r}')
-        body = ("{" + ",".join(parts) + "}").encode()
+        self._write_record(seq, ("{" + ",".join(parts) + "}").encode())
+        return dict(state)
+
+    def _write_record(self, seq: int, body: bytes) -> None:
+        """Commit ``body`` as record ``seq``: into the slot the newest record is not in, checksummed."""
         start = 4096 + (seq % 2) * 65536
         self._mv[start + 24 : start + 24 + len(body)] = body
         self._mv[start : start + 24] = self.HEAD.pack(seq, len(body), xxhash.xxh3_64_intdigest(body))
         self._seq = seq
-        return dict(state)
 
     def close(self) -> None:
         self._arrays.clear()
@@ -184,12 +187,8 @@ class GuardedFloorStore(FloorStore):
             changed.append(name)
         changed.sort()
         names = ",".join([f'"{name}"' for name in changed])
-        body = (f'{{"tx":{{"seq":{seq},"time":{time.time()!r},"changed":[{names}]}},"vars":{{'
-                + ",".join(fragments.values()) + "}}").encode()
-        start = 4096 + (seq % 2) * 65536
-        self._mv[start + 24 : start + 24 + len(body)] = body
-        self._mv[start : start + 24] = self.HEAD.pack(seq, len(body), xxhash.xxh3_64_intdigest(body))
-        self._seq = seq
+        self._write_record(seq, (f'{{"tx":{{"seq":{seq},"time":{time.time()!r},"changed":[{names}]}},'
+                                 '"vars":{' + ",".join(fragments.values()) + "}}").encode())
         for value in state.values():
             if type(value) is np.ndarray:
                 value.flags.writeable = False

@@ -173,16 +173,21 @@ def test_pulls_carry_optimizer_state_only_for_blocks_short_of_copies() -> None:
     assert workers[0].cache.values[0].tobytes() != kept.values[0].tobytes()
 
 
+def _randomize(shard: ServerShard, rng: np.random.Generator) -> None:
+    """Fill a shard's values and optimizer state with random numbers."""
+    for ti, slab in enumerate(shard.slabs):
+        slab[...] = rng.normal(size=slab.shape)
+        for n in shard.state_names:
+            shard.state[n][ti][...] = rng.normal(size=slab.shape)
+
+
 def test_replica_copies_gathered_once_equal_a_gather_per_worker() -> None:
     """_split_copy cuts one gather into per-worker copies: the same bytes as gathering each alone
     (tables of different widths, optimizer state included)."""
     cfg = PSConfig(workload="digits", servers=1, workers=4, replicas=3, optimizer="adam")
     shard = ServerShard(cfg.to_dict(), 0)
     rng = np.random.default_rng(0)
-    for ti, slab in enumerate(shard.slabs):
-        slab[...] = rng.normal(size=slab.shape)
-        for n in shard.state_names:
-            shard.state[n][ti][...] = rng.normal(size=slab.shape)
+    _randomize(shard, rng)
     shard.version[...] = rng.integers(1, 9, shard.nb)
     shard.applied[...] = rng.integers(0, 9, shard.applied.shape)
     blocks = np.flatnonzero(rng.random(shard.nb) < 0.6).astype(np.int64)
@@ -204,10 +209,7 @@ def test_replica_copies_cross_as_bytes_unchanged(optimizer: str, consistency: st
     cfg = PSConfig(workload="digits", servers=1, workers=4, optimizer=optimizer, consistency=consistency)  # type: ignore[arg-type]
     shard = ServerShard(cfg.to_dict(), 0)
     rng = np.random.default_rng(5)
-    for ti, slab in enumerate(shard.slabs):
-        slab[...] = rng.normal(size=slab.shape)
-        for n in shard.state_names:
-            shard.state[n][ti][...] = rng.normal(size=slab.shape)
+    _randomize(shard, rng)
     shard.applied[...] = rng.integers(-1, 50, shard.applied.shape)
     for blocks in (np.array([0, 3, 4, shard.nb - 1], np.int64), np.zeros(0, np.int64)):
         copy = {"blocks": blocks, "v": shard.layout.gather(shard.slabs, shard.bases, blocks)}
@@ -256,10 +258,7 @@ def test_replica_store_installs_received_copies_in_batches_as_if_one_by_one() ->
     eager = BlockStore(shard.layout, "adam", 4, meta=True)
     rng = np.random.default_rng(3)
     for step in range(45):  # more copies than a batch, overlapping blocks, tables of different widths
-        for ti, slab in enumerate(shard.slabs):
-            slab[...] = rng.normal(size=slab.shape)
-            for n in shard.state_names:
-                shard.state[n][ti][...] = rng.normal(size=slab.shape)
+        _randomize(shard, rng)
         shard.version[...] = step + 1
         blocks = np.flatnonzero(rng.random(shard.nb) < 0.3).astype(np.int64)
         copy = {"blocks": blocks, "v": shard.layout.gather(shard.slabs, shard.bases, blocks)}
