@@ -71,6 +71,9 @@ def inspect_cmd(
     console.print(f"last committed transaction: #{tx.get('seq', '?')} at {_when(tx.get('time'))}; "
                   f"changed {tx.get('changed', [])}, deleted {tx.get('deleted', [])}  "
                   f"(metadata seq {report.seq}; other copy: {report.spare_slot})")
+    if report.loop:
+        console.print(f"loop over {list(report.loop)}: each array has a spare block; its commits are "
+                      "loop records")
     if report.last_rollback:
         rb = report.last_rollback
         console.print(f"last rollback: transaction #{rb.get('tx')} at {_when(rb.get('time'))} "

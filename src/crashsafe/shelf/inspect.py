@@ -18,7 +18,7 @@ from crashsafe.shelf import recovery
 from crashsafe.shelf.alloc import reserved
 from crashsafe.shelf.errors import NotAShelfError, ShelfError
 from crashsafe.shelf.layout import PAGE, Superblock
-from crashsafe.shelf.meta import read_newest
+from crashsafe.shelf.loop import interrupted, read_committed
 
 __all__ = ["ShelfReport", "VarReport", "inspect_shelf"]
 
@@ -55,6 +55,7 @@ class ShelfReport:
     spare_slot: str
     pending: recovery.Incomplete | None
     variables: tuple[VarReport, ...]
+    loop: tuple[str, ...] = ()  # the variables of the shelf's loop, if it has one
 
     @property
     def damaged(self) -> list[str]:
@@ -95,10 +96,10 @@ def _report(
     path: Path, buf: memoryview, length: int, verify: bool, progress: Callable[[int, int], None] | None
 ) -> ShelfReport:
     sb = Superblock.unpack(bytes(buf[:PAGE]), path)
-    meta, spare = read_newest(buf, sb, path)
+    meta, spare = read_committed(buf, sb, path)
     if length < meta.size:
         raise ShelfError(f"{path} is shorter ({length} bytes) than its arena ({meta.size}); it was truncated")
-    pending = recovery.scan(buf, sb, meta.seq)
+    pending = recovery.scan(buf, sb, meta.seq) or interrupted(buf, meta)
     pending_targets = {r.target for r in pending.undo} if pending else set()
     total = sum(e.nbytes for e in meta.vars.values() if e.has_block) if verify else 0
     done = 0
@@ -116,8 +117,12 @@ def _report(
         value = e.value if e.kind == "scalar" else _preview(buf, e.kind, e.offset, e.nbytes)
         variables.append(VarReport(name, e.kind, e.dtype, e.shape, e.nbytes, e.version, value, intact))
     used = sum(reserved(e.nbytes) for e in meta.vars.values() if e.has_block)
+    loop = meta.loop
+    if loop is not None:  # its spares (as large as their arrays) and its records
+        used += sum(reserved(meta.vars[name].nbytes) for name, _, _ in loop.arrays) + loop.records_bytes
     return ShelfReport(path, sb.version, sb.created, meta.size, meta.size - sb.data_start, used, meta.seq,
-                       dict(meta.tx), meta.rollback, spare, pending, tuple(variables))
+                       dict(meta.tx), meta.rollback, spare, pending, tuple(variables),
+                       loop.names if loop is not None else ())
 
 
 def _preview(buf: memoryview, kind: str, offset: int, nbytes: int) -> Any:

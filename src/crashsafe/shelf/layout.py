@@ -7,6 +7,9 @@
     slot 0, slot 1        the metadata (JSON: variables, allocation, last transaction), ping-pong
     [data_start, size)    variable blocks, 64-byte aligned
 
+A loop (:class:`LoopLayout`) adds, in data blocks named by the metadata, a spare block per array and
+a records block: two ping-pong slots for its binary commit records.
+
 Everything is little-endian and checksummed with xxh3-64. The superblock is written once, when the
 file is created; the arena's size lives in the metadata so that growing it is an ordinary commit.
 """
@@ -17,6 +20,9 @@ import struct
 import time
 import uuid
 from dataclasses import dataclass
+from functools import cached_property
+from json.encoder import encode_basestring_ascii as _json_str
+from typing import Any
 
 import xxhash
 
@@ -25,9 +31,15 @@ from crashsafe.shelf.errors import CorruptShelfError, NotAShelfError
 __all__ = [
     "ALIGN",
     "FORMAT_VERSION",
+    "LOOP_BEGUN",
+    "LOOP_BEGUN_MAGIC",
+    "LOOP_LIMIT",
+    "LOOP_MAGIC",
+    "LOOP_SCALAR_TYPES",
     "META_HEADER",
     "PAGE",
     "RECORD_BYTES",
+    "LoopLayout",
     "Record",
     "Superblock",
     "decode_meta_slot",
@@ -45,6 +57,10 @@ RECORD_BYTES = 64
 META_MAGIC = b"CSMETA01"
 META_HEADER = 32
 RECORD_MAGIC = b"CSTX"
+LOOP_MAGIC = b"CSLOOP01"
+LOOP_BEGUN = struct.Struct("<8sQd")  # b"CSLOOPBG", seq, time: the loop iteration in progress
+LOOP_BEGUN_MAGIC = b"CSLOOPBG"
+LOOP_LIMIT = 64  # variables per loop: a commit record's bitmask of changed variables is one u64
 
 _SUPER = struct.Struct("<16sII5Q16sd")  # magic, version, reserved, 5 offsets/sizes, uuid, created
 _META = struct.Struct("<8sQQ")  # magic, seq, payload length (+ u64 checksum after)
@@ -187,3 +203,83 @@ class Record:
         if _U64.unpack_from(raw, _RECORD.size)[0] != _xxh(body):
             return None
         return cls(kind, seq, target, nbytes, saved, when)
+
+
+_SCALAR_CODES = {"bool": "?", "int": "q", "float": "d"}
+LOOP_SCALAR_TYPES = tuple(_SCALAR_CODES)
+
+
+@dataclass(frozen=True)
+class LoopLayout:
+    """Where a loop's state lives (see :class:`crashsafe.shelf.loop.Loop`).
+
+    ``arrays`` are ``(name, block 0, block 1)``: the variable's committed block is one of the two,
+    the other is its spare; ``scalars`` are ``(name, type)`` with type ``bool``, ``int`` or
+    ``float``; ``records`` is a block of two record slots. ``id`` is the transaction that created
+    the loop: records carry it, so bytes left by an earlier loop never pass for this one's.
+
+    A record slot holds ``magic, seq, id, time``, then ``(block index, xxh3, version)`` per array,
+    ``(value, version)`` per scalar, a u64 bitmask of the variables the commit changed (arrays
+    first), and an xxh3 of all that. The records block starts with a line where ``begin`` marks
+    the iteration in progress (:data:`LOOP_BEGUN`: magic, seq, time), then the two slots.
+    """
+
+    id: int
+    arrays: tuple[tuple[str, int, int], ...]
+    scalars: tuple[tuple[str, str], ...]
+    records: int
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(name for name, _, _ in self.arrays) + tuple(name for name, _ in self.scalars)
+
+    @cached_property
+    def record(self) -> struct.Struct:
+        """The fields of a record, before its checksum."""
+        scalars = "".join(_SCALAR_CODES[kind] + "Q" for _, kind in self.scalars)
+        return struct.Struct("<8sQQd" + "QQQ" * len(self.arrays) + scalars + "Q")
+
+    @cached_property
+    def slot_bytes(self) -> int:
+        return -(-(self.record.size + _U64.size) // ALIGN) * ALIGN
+
+    @property
+    def records_bytes(self) -> int:
+        return ALIGN + 2 * self.slot_bytes
+
+    def slot(self, seq: int) -> int:
+        """Offset of the slot record ``seq`` goes to (never the one of record ``seq - 1``)."""
+        return self.records + ALIGN + (seq & 1) * self.slot_bytes
+
+    @cached_property
+    def json(self) -> str:
+        arrays = ",".join(f"[{_json_str(n)},{b0},{b1}]" for n, b0, b1 in self.arrays)
+        scalars = ",".join(f'[{_json_str(n)},"{kind}"]' for n, kind in self.scalars)
+        return f'{{"id":{self.id},"arrays":[{arrays}],"scalars":[{scalars}],"records":{self.records}}}'
+
+    @classmethod
+    def from_json(cls, raw: Any) -> LoopLayout | None:
+        """The layout in decoded JSON ``raw``, or None if it is malformed (the caller refuses it)."""
+        if not isinstance(raw, dict) or set(raw) != {"id", "arrays", "scalars", "records"}:
+            return None
+        ident, arrays, scalars, records = raw["id"], raw["arrays"], raw["scalars"], raw["records"]
+        if not (_u64(ident) and _u64(records) and isinstance(arrays, list) and isinstance(scalars, list)):
+            return None
+        if not all(isinstance(a, list) and len(a) == 3 and isinstance(a[0], str) and a[0]
+                   and _u64(a[1]) and _u64(a[2]) and a[1] != a[2] for a in arrays):
+            return None
+        if not all(isinstance(s, list) and len(s) == 2 and isinstance(s[0], str) and s[0]
+                   and s[1] in _SCALAR_CODES for s in scalars):
+            return None
+        layout = cls(ident, tuple((a[0], a[1], a[2]) for a in arrays), tuple((s[0], s[1]) for s in scalars),
+                     records)
+        names = layout.names
+        if not names or len(names) > LOOP_LIMIT or len(set(names)) != len(names):
+            return None
+        return layout
+
+
+def _u64(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 64
+
+

@@ -17,11 +17,11 @@ import numpy as np
 
 from crashsafe.format.dtypes import DTYPES
 from crashsafe.shelf.errors import CorruptShelfError
-from crashsafe.shelf.layout import META_HEADER, Superblock, decode_meta_slot
+from crashsafe.shelf.layout import META_HEADER, LoopLayout, Superblock, decode_meta_slot
 
 __all__ = [
     "DTYPE_NAMES", "NUMERIC_DTYPES", "Entry", "Kind", "Meta", "MetaEncoder", "commit_record", "decode_meta",
-    "encode_meta", "read_newest", "scalar_ok",
+    "encode_meta", "read_newest", "scalar_kind", "scalar_ok",
 ]
 
 Kind = Literal["array", "str", "bytes", "scalar"]
@@ -62,13 +62,15 @@ class Entry(NamedTuple):
 
 @dataclass
 class Meta:
-    """Committed state of a shelf: transaction number, arena size, variables, last events."""
+    """Committed state of a shelf: transaction number, arena size, variables, last events, and
+    the layout of its loop if it has one (format 2; a shelf without a loop is written as format 1)."""
 
     seq: int
     size: int
     vars: dict[str, Entry] = field(default_factory=dict)
     tx: dict[str, Any] = field(default_factory=dict)
     rollback: dict[str, Any] | None = None
+    loop: LoopLayout | None = None
 
 
 def _scalar_type(value: object) -> str:
@@ -136,8 +138,11 @@ class MetaEncoder:
             self._rollback = (meta.rollback, _ENCODE(meta.rollback))
         body = ",".join([part for _, _, part in fresh.values()])
         tx_json = _commit_json(meta.tx, fresh) if committed else _ENCODE(meta.tx)
-        return (f'{{"format":1,"size":{meta.size},"tx":{tx_json},"rollback":{self._rollback[1]},'
-                f'"vars":{{{body}}}}}').encode()
+        if meta.loop is None:
+            return (f'{{"format":1,"size":{meta.size},"tx":{tx_json},"rollback":{self._rollback[1]},'
+                    f'"vars":{{{body}}}}}').encode()
+        return (f'{{"format":2,"size":{meta.size},"tx":{tx_json},"rollback":{self._rollback[1]},'
+                f'"vars":{{{body}}},"loop":{meta.loop.json}}}').encode()
 
 
 def _commit_json(tx: dict[str, Any], keys: dict[str, tuple[Entry, str, str]]) -> str:
@@ -171,7 +176,7 @@ def decode_meta(payload: bytes, seq: int, data_start: int, path: object) -> Meta
         doc = json.loads(payload)
     except (ValueError, UnicodeDecodeError) as exc:
         raise _fail(path, f"not JSON: {exc}") from None
-    if not isinstance(doc, dict) or doc.get("format") != 1:
+    if not isinstance(doc, dict) or doc.get("format") not in (1, 2) or ("loop" in doc) != (doc["format"] > 1):
         raise _fail(path, "unknown metadata format")
     size, raw_vars = doc.get("size"), doc.get("vars")
     if not _int(size, data_start) or not isinstance(raw_vars, dict):
@@ -180,8 +185,13 @@ def decode_meta(payload: bytes, seq: int, data_start: int, path: object) -> Meta
     if not isinstance(tx, dict) or not (rollback is None or isinstance(rollback, dict)):
         raise _fail(path, "transaction records malformed")
     entries = {name: _decode_entry(name, raw, path) for name, raw in raw_vars.items()}
-    _check_blocks(entries, data_start, size, path)
-    return Meta(seq, size, entries, tx, rollback)
+    loop = None
+    if "loop" in doc:
+        loop = LoopLayout.from_json(doc["loop"])
+        if loop is None:
+            raise _fail(path, "loop layout malformed")
+    _check_blocks(entries, _loop_blocks(loop, entries, path), data_start, size, path)
+    return Meta(seq, size, entries, tx, rollback, loop)
 
 
 def _decode_entry(name: str, raw: object, path: object) -> Entry:
@@ -226,12 +236,37 @@ def _decode_scalar(name: str, kind: object, value: Any, path: object) -> Any:
     return value
 
 
-def _check_blocks(entries: dict[str, Entry], data_start: int, size: int, path: object) -> None:
-    blocks = sorted((e.offset, e.nbytes, n) for n, e in entries.items() if e.has_block)
+def _loop_blocks(loop: LoopLayout | None, entries: dict[str, Entry],
+                 path: object) -> list[tuple[int, int, str]]:
+    """The blocks ``loop`` owns besides its variables' (spares, records), after checking that its
+    variables are on the shelf with the kinds and blocks it names."""
+    if loop is None:
+        return []
+    blocks = [(loop.records, loop.records_bytes, "the loop's records")]
+    for name, b0, b1 in loop.arrays:
+        entry = entries.get(name)
+        if entry is None or entry.kind != "array" or entry.offset not in (b0, b1):
+            raise _fail(path, f"loop array {name!r} is not an array in one of its two blocks")
+        blocks.append((b1 if entry.offset == b0 else b0, entry.nbytes, f"the spare of {name!r}"))
+    for name, kind in loop.scalars:
+        entry = entries.get(name)
+        if entry is None or entry.kind != "scalar" or _scalar_type(entry.value) != kind:
+            raise _fail(path, f"loop scalar {name!r} is not a {kind} scalar")
+    return blocks
+
+
+def scalar_kind(entry: Entry) -> str:
+    """The type name a loop records for scalar ``entry`` (``bool``, ``int``, ``float``, ...)."""
+    return _scalar_type(entry.value)
+
+
+def _check_blocks(entries: dict[str, Entry], extra: list[tuple[int, int, str]], data_start: int, size: int,
+                  path: object) -> None:
+    blocks = sorted([*((e.offset, e.nbytes, repr(n)) for n, e in entries.items() if e.has_block), *extra])
     end = data_start
     for offset, nbytes, name in blocks:
         if offset < end or offset + nbytes > size:
-            raise _fail(path, f"block of {name!r} at {offset}+{nbytes} overlaps or leaves the arena")
+            raise _fail(path, f"block of {name} at {offset}+{nbytes} overlaps or leaves the arena")
         end = offset + max(nbytes, 1)
 
 

@@ -38,13 +38,16 @@ import xxhash
 
 from crashsafe._torch import is_tensor
 from crashsafe.errors import UnsupportedStateError
+from crashsafe.shelf import loop as loops
 from crashsafe.shelf import recovery
 from crashsafe.shelf.alloc import Allocator
 from crashsafe.shelf.arena import Arena, Durability, parse_size
 from crashsafe.shelf.errors import CorruptShelfError, ShelfError, ShelfFullError, ShelfRecoveredWarning
 from crashsafe.shelf.layout import (
+    LOOP_LIMIT,
     PAGE,
     RECORD_BYTES,
+    LoopLayout,
     Record,
     Superblock,
     encode_meta_slot,
@@ -59,7 +62,7 @@ from crashsafe.shelf.meta import (
     MetaEncoder,
     commit_record,
     encode_meta,
-    read_newest,
+    scalar_kind,
     scalar_ok,
 )
 from crashsafe.storage import faults
@@ -156,6 +159,8 @@ class Shelf(MutableMapping[str, Any]):
     transaction that covers them. ``str``/``bytes`` come back as copies, scalars as Python values.
     """
 
+    _committed: Meta  # (see _meta)
+
     def __init__(
         self,
         path: str | os.PathLike[str],
@@ -178,6 +183,7 @@ class Shelf(MutableMapping[str, Any]):
         self._views: dict[int, list[weakref.ref[_Array]]] = {}
         self._pinned: set[int] = set()
         self._encoder = MetaEncoder()
+        self._loop: loops.Loop | None = None
         wanted = parse_size(size) if size is not None else None
         if not self.path.exists():
             if wanted is None:
@@ -205,12 +211,13 @@ class Shelf(MutableMapping[str, Any]):
     def _open(self, wanted: int | None, verify: bool) -> None:
         self._sb: Superblock = self._arena.read_superblock()
         self._map_buffers()
-        self._meta, _ = read_newest(self._mv, self._sb, self.path)
+        self._meta, _ = loops.read_committed(self._mv, self._sb, self.path)
         if self._arena.length < self._meta.size:
             raise CorruptShelfError(f"{self.path} is shorter ({self._arena.length} bytes) than its "
                                     f"arena ({self._meta.size}); the file was truncated. Restore it "
                                     "from a copy.")
-        incomplete = recovery.scan(self._mv, self._sb, self._meta.seq)
+        meta = self._meta
+        incomplete = recovery.scan(self._mv, self._sb, meta.seq) or loops.interrupted(self._mv, meta)
         if incomplete is not None:
             self._recover(incomplete)
         if verify:
@@ -221,6 +228,27 @@ class Shelf(MutableMapping[str, Any]):
         for entry in self._meta.vars.values():
             if entry.has_block:
                 self._alloc.mark(entry.offset, entry.nbytes)
+        if self._meta.loop is not None:
+            layout = self._meta.loop
+            for offset in loops.spare_blocks(layout, self._meta.vars)[:-1]:
+                name = next(n for n, b0, b1 in layout.arrays if offset in (b0, b1))
+                self._alloc.mark(offset, self._meta.vars[name].nbytes)
+            self._alloc.mark(layout.records, layout.records_bytes)
+
+    @property
+    def _meta(self) -> Meta:
+        """The committed state, with the loop's commits since the last metadata write applied."""
+        loop = self._loop
+        if loop is not None and loop.dirty:
+            self._committed = loops.fold(self._committed, loop.committed())
+            loop.dirty = False
+        return self._committed
+
+    @_meta.setter
+    def _meta(self, meta: Meta) -> None:
+        self._committed = meta
+        if self._loop is not None:
+            self._loop.load(meta)
 
     def _recover(self, incomplete: recovery.Incomplete) -> None:
         restored = recovery.restore(self._mv, self._meta, incomplete.undo, self.path)
@@ -483,6 +511,9 @@ class Shelf(MutableMapping[str, Any]):
         if self._tx is not None:
             raise ShelfError("a transaction is already open on this shelf; transactions do not nest: "
                              "do the work inside the open one")
+        if self._loop is not None and self._loop.in_iteration:
+            raise ShelfError("a loop iteration is in progress on this shelf: commit() or abort() it "
+                             "before starting a transaction")
         if self._pinned:
             self._sweep_pins()
         tx = self._tx = _Tx(self._meta.seq + 1, scope)
@@ -536,13 +567,16 @@ class Shelf(MutableMapping[str, Any]):
             changed.sort()
             deleted.sort()
             info = commit_record(tx.seq, time.time(), changed, deleted)
-            committed = Meta(tx.seq, meta.size, work, info, meta.rollback)
+            layout = meta.loop if meta.loop is not None and loops.intact(meta.loop, work) else None
+            committed = Meta(tx.seq, meta.size, work, info, meta.rollback, layout)
             self._write_meta(committed, commit=True)
         except BaseException as exc:
             self._abort(f"commit failed: {type(exc).__name__}: {exc}")
             raise
         if _ARMED:
             faults.reached("shelf_after_meta")
+        if meta.loop is not None and committed.loop is None:
+            self._drop_loop(meta, f"transaction {tx.seq} changed its variables")
         self._meta = committed
         for offset in [*tx.undo.values(), *tx.freed]:
             self._release(offset)
@@ -674,6 +708,112 @@ class Shelf(MutableMapping[str, Any]):
             self._mv[start : start + len(blob)] = blob
         self._arena.sync()
 
+    # ------------------------------------------------------------------ loops
+
+    def loop(self, *names: str | Iterable[str]) -> loops.Loop:
+        """The lean commit path for an iterative algorithm over variables ``names`` (already on the
+        shelf: numeric arrays, and bool/int/float scalars), as a :class:`~crashsafe.shelf.loop.Loop`.
+
+        The first call gives each array a spare block (the shelf must have room for a second copy
+        of them) and records the loop in the metadata, in one commit; reopening the shelf and
+        calling ``loop`` with the same names resumes it. A transaction that replaces, deletes or
+        retypes one of its variables ends the loop (its blocks are freed), as does ``loop.end()``.
+        """
+        self._check_open()
+        if self._tx is not None:
+            raise ShelfError("loop() inside a transaction: start the loop outside it")
+        wanted: list[str] = []
+        for item in names:
+            for name in [item] if isinstance(item, str) else item:
+                if name not in wanted:
+                    wanted.append(name)
+        if not wanted:
+            raise ValueError("loop() needs the names of the variables the loop changes")
+        current = self._loop
+        if current is not None and set(current.names) == set(wanted):
+            return current
+        if current is not None and current.in_iteration:
+            raise ShelfError("a loop iteration is in progress: commit() or abort() it before starting "
+                             "another loop")
+        layout = self._meta.loop
+        if layout is None or set(layout.names) != set(wanted):
+            layout = self._new_loop(wanted)
+        if current is not None:
+            current._end(f"replaced by a loop over {wanted}")
+        self._loop = loops.Loop(self, layout)
+        return self._loop
+
+    def _new_loop(self, names: list[str]) -> LoopLayout:
+        """Lay out a loop over ``names`` and commit it (replacing the shelf's previous loop)."""
+        meta = self._meta
+        arrays, scalars = [], []
+        for name in names:
+            entry = meta.vars.get(name)
+            if entry is None:
+                raise ShelfError(f"loop(): there is no variable {name!r} on the shelf; assign its first "
+                                 f"value (shelf[{name!r}] = ...) before starting the loop")
+            if entry.kind == "array":
+                arrays.append((name, entry))
+            elif entry.kind == "scalar" and loops.is_loop_scalar(entry.value):
+                scalars.append((name, scalar_kind(entry)))
+            else:
+                what = f"a {scalar_kind(entry)} scalar" if entry.kind == "scalar" else f"a {entry.kind}"
+                raise ShelfError(f"loop(): {name!r} is {what}; a loop commits numeric arrays and bool, "
+                                 "int (64-bit) and float scalars. Leave it out of the loop and change it in "
+                                 "a transaction")
+        if len(names) > LOOP_LIMIT:
+            raise ShelfError(f"loop(): a loop has at most {LOOP_LIMIT} variables, got {len(names)}")
+        seq = meta.seq + 1
+        taken: list[int] = []
+        try:
+            spares = []
+            for name, entry in arrays:
+                taken.append(self._alloc_block(entry.nbytes, name, "the loop's spare of "))
+                spares.append((name, entry.offset, taken[-1]))
+            layout = LoopLayout(seq, tuple(spares), tuple(scalars), 0)
+            taken.append(self._alloc_block(layout.records_bytes, "loop records", "the "))
+            layout = replace(layout, records=taken[-1])
+            info = commit_record(seq, time.time(), [], [])
+            committed = Meta(seq, meta.size, meta.vars, info, meta.rollback, layout)
+            self._write_meta(committed, commit=True)
+        except BaseException:
+            for offset in taken:
+                self._alloc.release(offset)
+            raise
+        if meta.loop is not None:
+            self._drop_loop(meta, f"replaced by a loop over {names}")
+        self._meta = committed
+        return layout
+
+    def _end_loop(self, loop: loops.Loop) -> None:
+        """``loop.end()``: commit the metadata without the loop, and free its spares and records."""
+        if loop.ended is not None:
+            return
+        self._check_open()
+        if self._tx is not None:
+            raise ShelfError("loop.end() inside a transaction: end the loop outside it")
+        loop.abort()
+        meta = self._meta
+        seq = meta.seq + 1
+        committed = replace(meta, seq=seq, tx=commit_record(seq, time.time(), [], []), loop=None)
+        self._write_meta(committed, commit=True)
+        self._drop_loop(meta, "loop.end() was called")
+        self._meta = committed
+
+    def _drop_loop(self, before: Meta, reason: str) -> None:
+        """After metadata without ``before``'s loop was committed: end the loop object and free the
+        loop's own blocks (its spares in ``before`` and its records)."""
+        if self._loop is not None:
+            self._loop._end(reason)
+            self._loop = None
+        assert before.loop is not None
+        for offset in loops.spare_blocks(before.loop, before.vars):
+            self._release(offset)
+
+    def _block_view(self, name: str, entry: Entry, offset: int) -> _Array:
+        """The read-only view of block ``offset`` shaped as array ``entry`` (registered as views are)."""
+        return self._view(name, entry._replace(offset=offset))
+
     # ------------------------------------------------------------------ blocks and views
 
     def _alloc_block(self, nbytes: int, name: str | None, role: str = "") -> int:
@@ -803,11 +943,15 @@ class Shelf(MutableMapping[str, Any]):
             self._mv.release()
 
     def close(self) -> None:
-        """Close the shelf (an open transaction is rolled back). Views stay readable until dropped."""
+        """Close the shelf (an open transaction or loop iteration is rolled back). Views stay
+        readable until dropped."""
         if self._arena.closed:
             return
         if self._tx is not None:
             self._abort("the shelf was closed inside a transaction")
+        if self._loop is not None:
+            self._loop._end("the shelf was closed")
+            self._loop = None
         self._release_buffers()
         self._arena.close()
 

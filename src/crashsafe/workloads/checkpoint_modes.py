@@ -3,7 +3,7 @@
 ========== =====================================================================================
 mode       how the state of each iteration is kept
 ========== =====================================================================================
-shelf      the state lives on a :class:`~crashsafe.shelf.Shelf`; one transaction per iteration
+shelf      the state lives on a :class:`~crashsafe.shelf.Shelf`; one commit per iteration
 savez      ``np.savez`` over the same file, no fsync (PyMM's baseline; a crash can tear it)
 savez-safe ``np.savez`` to a temporary file, fsync, atomic rename, fsync of the directory
 pickle     ``pickle.dump`` over the same file, no fsync (a baseline only)
@@ -67,14 +67,13 @@ def _nbytes(state: Mapping[str, Any]) -> int:
 
 
 class ShelfStore:
-    """The state lives on a shelf. With shadow transactions each iteration computes its new arrays
-    straight into fresh shelf blocks (``Shelf.empty``) inside a transaction, and ``save`` adds the
-    scalars and commits it; with undo transactions ``save`` copies the new arrays over the old
-    ones in place (PyMM's way), after saving the old bytes to the undo log.
-
-    ``output`` begins the iteration's transaction and reserves (``Shelf.reserve``) a block for each
-    array of the current state, shaped like it: the next state of an iterative algorithm usually
-    has the same shapes, so its allocations just take those (any other shape: ``Shelf.empty``).
+    """The state lives on a shelf. With shadow transactions (the default) the iterations run in a
+    :meth:`Shelf.loop <crashsafe.shelf.Shelf.loop>`: ``output`` begins an iteration and hands the
+    loop's spare blocks to the computation, which writes its new arrays straight into them, and
+    ``save`` commits them with the scalars as one loop record. With undo transactions ``save``
+    copies the new arrays over the old ones in place (PyMM's way), after saving the old bytes to
+    the undo log, in one transaction per iteration. The first state, a state the loop cannot hold
+    (new shapes or variables, a str), and undo mode go through ``Shelf.update``.
 
     ``load`` returns arena-backed views: a resumed run reads its state straight from the shelf."""
 
@@ -86,8 +85,7 @@ class ShelfStore:
         self.tx_mode = tx_mode
         self.shelf: Any = None
         self.recovered: Any = None
-        self._open_tx: Any = None
-        self._arrays: dict[str, tuple[tuple[int, ...], np.dtype[Any]]] = {}  # the state's array shapes
+        self.loop: Any = None
         if self.path.exists():
             self._open(None)
 
@@ -101,39 +99,43 @@ class ShelfStore:
         if self.shelf is None or "iteration" not in self.shelf:
             return None
         state = {name: self.shelf[name] for name in self.shelf}
-        self._note_arrays(state)
+        self._start_loop(state)
         return state
 
-    def _note_arrays(self, state: Mapping[str, Any]) -> None:
-        self._arrays = {name: (v.shape, v.dtype) for name, v in state.items() if isinstance(v, np.ndarray)}
+    def _start_loop(self, state: Mapping[str, Any]) -> None:
+        from crashsafe.shelf.loop import is_loop_scalar
+
+        loopable = all(isinstance(v, np.ndarray) or is_loop_scalar(v) for v in state.values())
+        self.loop = self.shelf.loop(list(state)) if self.tx_mode == "shadow" and loopable else None
 
     def output(self) -> Allocate | None:
-        if self.shelf is None or self.tx_mode == "undo":
-            # the first save creates the shelf, sized for the state; in undo mode (PyMM's way) the
-            # new values are copied over the old ones in place, after an undo copy
+        if self.loop is None:
             return None
-        self._open_tx = self.shelf.transaction([])  # covers changes made through the shelf only
-        self._open_tx.__enter__()
-        blocks: dict[str, _Array] = {name: self.shelf.reserve(shape, dtype)
-                                     for name, (shape, dtype) in self._arrays.items()}
-        empty: Allocate = self.shelf.empty
+        spares: dict[str, _Array] = self.loop.begin()
 
         def allocate(name: str, shape: tuple[int, ...]) -> _Array:
-            block = blocks.pop(name, None)
-            return block if block is not None and block.shape == shape else empty(name, shape)
+            spare = spares.get(name)
+            return spare if spare is not None and spare.shape == shape else np.empty(shape)
 
         return allocate
 
     def save(self, state: Mapping[str, Any]) -> dict[str, Any]:
+        from crashsafe.shelf import ShelfError
+
+        loop = self.loop
+        if loop is not None:
+            try:
+                loop.commit(state)
+            except ShelfError:  # not begun, or a state the loop cannot hold (new shapes or variables)
+                loop.abort()
+            else:
+                return {**state, **loop.arrays}
         if self.shelf is None:
             self._open(max(16 << 20, 4 * _nbytes(state) + (1 << 20)))
-        self.shelf.update(state)  # arrays from output() are already in place: only scalars move
-        if self._open_tx is not None:
-            transaction, self._open_tx = self._open_tx, None
-            transaction.__exit__(None, None, None)  # commit
+        self.shelf.update(state)
         saved = {name: self.shelf[name] if isinstance(value, np.ndarray) else value
                  for name, value in state.items()}
-        self._note_arrays(saved)
+        self._start_loop(saved)
         return saved
 
     def close(self) -> None:
