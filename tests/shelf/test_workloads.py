@@ -114,3 +114,50 @@ def test_unreadable_baseline_checkpoint_is_a_clear_error(tmp_path: Path) -> None
     store.path.write_bytes(data[: len(data) // 2])
     with pytest.raises(UnreadableCheckpointError, match="cannot be read"):
         store.load()
+
+
+class _Growing:
+    """A toy iterative algorithm whose state changes shape at iteration 3, gains a variable at 5,
+    and carries a str from 7 on: the shelf mode must follow it (leaving its loop when it must)."""
+
+    name = "growing"
+
+    def init_state(self, x: np.ndarray) -> dict[str, object]:
+        return {"v": np.zeros(4), "iteration": 0, "done": False}
+
+    def step(self, x: np.ndarray, state: dict[str, object], out: object = None) -> dict[str, object]:
+        it = int(state["iteration"]) + 1  # type: ignore[call-overload]
+        shape = (4,) if it < 3 else (6,)
+        v = out("v", shape) if callable(out) else np.empty(shape)
+        v[...] = it
+        new: dict[str, object] = {"v": v, "iteration": it, "done": False}
+        if it >= 5:
+            new["extra"] = float(it)
+        if it >= 7:
+            new["label"] = f"it{it}"
+        return new
+
+
+def test_shelf_mode_follows_a_state_whose_layout_changes(tmp_path: Path) -> None:
+    store = open_store("shelf", tmp_path / "s")
+    result = run(_Growing(), np.zeros(1), store, 9)
+    assert store.loop is None  # a str is not loop material: plain transactions from iteration 7
+    store.close()
+    assert result.state["label"] == "it9" and result.state["extra"] == 9.0
+    assert result.state["v"].tolist() == [9.0] * 6
+    store = open_store("shelf", tmp_path / "s")
+    resumed = run(_Growing(), np.zeros(1), store, 10)
+    store.close()
+    assert resumed.resumed_from == 9 and resumed.state["iteration"] == 10
+
+
+def test_shelf_mode_commits_iterations_through_a_loop(tmp_path: Path) -> None:
+    from crashsafe.shelf.inspect import inspect_shelf
+
+    store = open_store("shelf", tmp_path / "s")
+    run(KMeans(k=3, seed=0, tol=None), blobs(300, 4, 3, seed=1), store, 6)
+    store.close()
+    report = inspect_shelf(tmp_path / "s" / "state.shelf")
+    assert set(report.loop) == {"centers", "iteration", "shift", "inertia", "done"}
+    assert report.last_transaction["seq"] == report.seq and "iteration" in report.last_transaction["changed"]
+    assert {v.name: v.version for v in report.variables}["centers"] > 1

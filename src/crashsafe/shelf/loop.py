@@ -135,8 +135,8 @@ class Loop:
     write all of it), the algorithm computes into them, and ``loop.commit(values)`` commits
     ``values`` (arrays: the ones handed out, or any array of the same shape and dtype, which is
     copied in; scalars: values of the same type) all at once; the variables missing from
-    ``values`` keep their values. ``loop.abort()`` drops the iteration; ``with loop.step() as
-    out:`` does all three (set scalars in ``out``).
+    ``values`` keep their values. ``loop.abort()`` drops the iteration. ``with loop.step() as
+    out:`` does all three, starting from a copy of the committed state (see :meth:`step`).
 
     Double buffering: a committed array's block is the spare two iterations later, so an array
     from ``loop.state`` or ``begin()`` is overwritten by the iteration after next. ``begin``
@@ -190,8 +190,12 @@ class Loop:
     @property
     def state(self) -> dict[str, Any]:
         """The committed values: arrays as read-only arena views, scalars as Python values."""
-        n = 4 + 3 * len(self._array_names)
-        return {**self.arrays, **{name: self._fields[n + 2 * j] for j, (name, _) in enumerate(self._scalars)}}
+        return {**self.arrays, **dict(zip(self.names[len(self._array_names) :], self.state_scalars(),
+                                          strict=True))}
+
+    def state_scalars(self) -> list[Any]:
+        """The committed values of the scalars, in the loop's order."""
+        return self._fields[4 + 3 * len(self._array_names) : -1 : 2]
 
     @property
     def in_iteration(self) -> bool:
@@ -307,9 +311,14 @@ class Loop:
 
     @contextmanager
     def step(self) -> Iterator[dict[str, Any]]:
-        """``with loop.step() as out:`` begin; compute into ``out``'s arrays and set scalars in it;
-        commit on normal exit, abort on an exception."""
+        """``with loop.step() as out:`` begin, with each array's committed value copied into its
+        spare (so ``out`` can be changed in part, or in place: ``out["x"] += 1``), and scalars set in
+        ``out``; everything in ``out`` is committed on normal exit, nothing on an exception. (The
+        copy costs one pass over the arrays; ``begin``/``commit`` skip it.)"""
         out: dict[str, Any] = dict(self.begin())
+        for name, spare in tuple(out.items()):
+            np.copyto(spare, self.arrays[name])
+        out.update(zip(self.names[len(self._array_names) :], self.state_scalars(), strict=True))
         try:
             yield out
             self.commit(out)
