@@ -19,7 +19,6 @@ import struct
 import sys
 import time
 import uuid
-import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -37,9 +36,8 @@ MEDIA = ("shm", "disk")
 MODES = [("shelf", "shelf", "shadow"), ("shelf-undo", "shelf", "undo"), ("savez", "savez", ""),
          ("savez-safe", "savez-safe", ""), ("pickle", "pickle", ""), ("torch.save", "torch.save", ""),
          ("manager", "manager", "")]
-# not checkpoint modes but yardsticks: the least a Python commit does, and that plus the steps the
-# shelf's guarantees add to every iteration (FloorStore, GuardedFloorStore)
-YARDSTICKS = [("floor", "floor", ""), ("floor+guards", "floor+guards", "")]
+# not a checkpoint mode but a yardstick: the least a per-iteration commit in Python does (FloorStore)
+YARDSTICKS = [("floor", "floor", "")]
 FILE_MODES = [m for m, _, _ in MODES if not m.startswith("shelf")]
 MODES += YARDSTICKS
 
@@ -126,75 +124,6 @@ class FloorStore:
             self._map.close()
 
 
-class GuardedFloorStore(FloorStore):
-    """:class:`FloorStore` plus, written inline, the steps the shelf's guarantees add to every
-    iteration: a checksummed begin record (so a crash mid-iteration is detected and reported), a
-    weak reference to each array handed out (a region still viewed is never reused), versions and
-    cached JSON per variable (an unchanged scalar keeps both), a commit record naming what changed,
-    and committed arrays made read-only. Still no allocator, undo log, scopes or recovery: a cost
-    model of the shelf's per-iteration work, not a shelf."""
-
-    RECORD = struct.Struct("<4sIQQQQd")  # as the shelf's begin record
-
-    def __init__(self, directory: Path) -> None:
-        super().__init__(directory)
-        self._committed: dict[str, tuple[Any, int, int]] = {}  # name -> (value or digest, region, version)
-        self._json: dict[str, str] = {}
-        self._refs: dict[int, weakref.ref[np.ndarray]] = {}  # region -> the array handed out in it
-        self._pinned: set[int] = set()
-
-    def output(self) -> Callable[[str, tuple[int, ...]], np.ndarray] | None:
-        allocate = super().output()
-        if allocate is None:
-            return None
-        body = self.RECORD.pack(b"CSTX", 0, self._seq + 1, 0, 0, 0, time.time())
-        self._mv[2048 : 2048 + 64] = body + struct.pack("<Q", xxhash.xxh3_64_intdigest(body)) + bytes(8)
-        self._pinned = {region for region in self._pinned if self._refs[region]() is not None}
-
-        def guarded(name: str, shape: tuple[int, ...]) -> np.ndarray:
-            array = allocate(name, shape)
-            region = self._arrays[name][1]
-            if region in self._pinned:
-                raise RuntimeError(f"{name}: its other region is still viewed")
-            self._refs[region] = weakref.ref(array)
-            return array
-        return guarded
-
-    def save(self, state: dict[str, Any]) -> dict[str, Any]:
-        if self._map is None:
-            self._lay_out(state)
-        seq = self._seq + 1
-        changed = []
-        committed, fragments = self._committed, self._json
-        for name, value in state.items():
-            old = committed.get(name)
-            if type(value) is np.ndarray:
-                value, region = self._mapped(name, value)
-                digest = xxhash.xxh3_64_intdigest(self._mv[region : region + value.nbytes])
-                version = 1 if old is None else old[2] + 1
-                committed[name] = digest, region, version
-                shape = ",".join(map(str, value.shape))
-                fragments[name] = (f'"{name}":["array",{version},"{value.dtype}",[{shape}],{region},'
-                                   f'{value.nbytes},"{digest:016x}"]')
-                if old is not None and self._refs[old[1]]() is not None:
-                    self._pinned.add(old[1])
-            elif old is None or type(old[0]) is not type(value) or old[0] != value:
-                version = 1 if old is None else old[2] + 1
-                committed[name] = value, 0, version
-                fragments[name] = f'"{name}":["scalar",{version},"{type(value).__name__}",{value!r}]'
-            else:
-                continue
-            changed.append(name)
-        changed.sort()
-        names = ",".join([f'"{name}"' for name in changed])
-        self._write_record(seq, (f'{{"tx":{{"seq":{seq},"time":{time.time()!r},"changed":[{names}]}},'
-                                 '"vars":{' + ",".join(fragments.values()) + "}}").encode())
-        for value in state.values():
-            if type(value) is np.ndarray:
-                value.flags.writeable = False
-        return dict(state)
-
-
 @dataclass
 class Row:
     """One workload run in one mode on one medium."""
@@ -241,8 +170,8 @@ def run_modes(workload: str, algo: Any, x: np.ndarray, k: int, iterations: int, 
             for label, mode, tx_mode in MODES:
                 where = dirs[medium] / f"{workload}-{k}-{label}"
                 start = time.perf_counter()
-                store = (FloorStore(where) if mode == "floor" else GuardedFloorStore(where)
-                         if mode == "floor+guards" else open_store(mode, where, tx_mode=tx_mode or "shadow"))
+                store = (FloorStore(where) if mode == "floor"
+                         else open_store(mode, where, tx_mode=tx_mode or "shadow"))
                 result = run(algo, x, store, iterations)
                 store.close()
                 totals.setdefault((medium, label), []).append(time.perf_counter() - start)
@@ -283,6 +212,17 @@ def _assign(shelf: Any, values: list[np.ndarray]) -> Callable[[], None]:
     return body
 
 
+def _loop_commit(shelf: Any, values: list[np.ndarray]) -> Callable[[], None]:
+    turn = itertools.count()
+    loop = shelf.loop("v")
+
+    def body() -> None:
+        loop.begin()
+        loop.commit({"v": values[next(turn) % 2]})
+
+    return body
+
+
 def _in_place(shelf: Any, values: list[np.ndarray]) -> Callable[[], None]:
     turn = itertools.count()
     view = shelf["v"]
@@ -314,7 +254,9 @@ def transaction_cost(dirs: dict[str, Path], changed_sizes: list[int], fillers: l
                                           _time_tx(_assign(shelf, values))))
                     rows.append(TxRow(medium, "in place (undo log)", filler, changed,
                                       _time_tx(_in_place(shelf, values))))
-                    del shelf["v"]
+                    rows.append(TxRow(medium, "loop commit", filler, changed,
+                                      _time_tx(_loop_commit(shelf, values))))
+                    del shelf["v"]  # (ends the loop)
             path.unlink()
     return rows
 
@@ -400,7 +342,7 @@ def main(argv: list[str]) -> None:
                       dirs, rows, rounds=2)
             run_modes("gmm/digits", GMM(k=k, seed=0, tol=None), x_digits, k, 4 if quick else 6, dirs, rows,
                       rounds=2)
-            run_modes("kmeans/mnist_like", KMeans(k=k, seed=0, tol=None), x_mnist, k, 3,
+            run_modes("kmeans/mnist_like", KMeans(k=k, seed=0, tol=None), x_mnist, k, 3 if quick else 8,
                       dirs, rows, rounds=1)
         for k in gmm_mnist_ks:
             print(f"k={k}: gmm on mnist_like (1000-row batch)", flush=True)
@@ -445,15 +387,12 @@ def report(rows: list[Row], tx_rows: list[TxRow], cold_rows: list[ColdRow], elap
         "survives power loss). `savez`, `pickle` and `torch.save` overwrite one file in place without "
         "fsync (a crash can tear it); `savez-safe` writes a temp file, fsyncs it, renames it and fsyncs the "
         "directory; `manager` is crashsafe's CheckpointManager (async, keep_last=2: the checkpoint time is "
-        "the loop's stall). `shelf` is the shelf with shadow transactions (the default), `shelf-undo` with "
-        "undo-logged in-place assignment. `floor` is not a checkpoint mode but a yardstick: the least a "
-        "per-iteration commit written in Python can do (the iteration computes its arrays into a mapped "
-        "file; the commit writes their checksums, the scalars and a checksummed header; no transaction, "
-        "allocator, rollback or validation: `FloorStore` in `bench/shelf.py`). What `floor` costs, any "
-        "Python implementation of the shelf costs at least. `floor+guards` (`GuardedFloorStore`) adds, "
-        "written inline, the steps the shelf's guarantees add to every iteration: a checksummed begin "
-        "record, weak references to the arrays handed out, versions and per-variable JSON, a commit "
-        "record, committed arrays made read-only; it estimates what the leanest Python shelf would cost.",
+        "the loop's stall). `shelf` is the shelf's default (a `Shelf.loop`, see below), `shelf-undo` one "
+        "undo-logged transaction per iteration (PyMM's way). `floor` is not a checkpoint mode but a "
+        "yardstick: about the least a per-iteration commit written in Python can do (the iteration "
+        "computes its arrays into a mapped file; the commit writes their checksums, the scalars and a "
+        "checksummed header; no begin mark, versions, read-only views, rollback or validation: "
+        "`FloorStore` in `bench/shelf.py`).",
         "",
         "Data: `digits` is scikit-learn's bundled 1797x64 digits (real); `mnist_like` is generated data of "
         "MNIST's shape (70000x784, 256 grey levels; see `crashsafe.workloads.clusterdata`). KMeans runs a "
@@ -463,14 +402,15 @@ def report(rows: list[Row], tx_rows: list[TxRow], cold_rows: list[ColdRow], elap
         "1000-row batch (PyMM used batches of 10000) to keep the bench short; its checkpoint is still "
         "the full model (k x 784 x 784 covariances).",
         "",
-        "How the shelf checkpoints: with shadow transactions (`shelf`) each iteration's transaction begins "
-        "by reserving fresh shelf blocks shaped like the current state's arrays (`Shelf.reserve`); the "
-        "iteration computes its new arrays straight into them (any other shape: `Shelf.empty`), and the "
-        "commit adopts them, so the checkpoint is the transaction's bookkeeping, a checksum of the new "
-        "state, and the metadata write (plus the flushes on disk). With undo transactions (`shelf-undo`, "
-        "PyMM's way) the new arrays are copied over the old ones in place after an undo copy. Every "
-        "other mode serialises the state it is given. A checkpoint's time is everything the mode does "
-        "for the iteration (beginning, allocations, saving), as `checkpoint_modes.run` times it.",
+        "How the shelf checkpoints: `shelf` runs the iterations in a `Shelf.loop` over the state's "
+        "variables: each array has a spare block; an iteration begins by marking itself begun and handing "
+        "out the spares, computes its new arrays straight into them, and commits by checksumming them and "
+        "writing one binary record (which block is current, checksums, versions, the scalars) into the "
+        "older of two record slots (plus two fdatasyncs on disk). With undo transactions (`shelf-undo`, "
+        "PyMM's way) the new arrays are copied over the old ones in place after an undo copy, and the "
+        "whole metadata is written. Every other mode serialises the state it is given. A checkpoint's "
+        "time is everything the mode does for the iteration (beginning, allocations, saving), as "
+        "`checkpoint_modes.run` times it.",
         "",
     ]
     out += ["## Per-iteration checkpoint time (median) and total run time", ""]
@@ -570,11 +510,9 @@ def verdict(rows: list[Row], tx_rows: list[TxRow], cold_rows: list[ColdRow],
             ratios = [_ratio(rows, wl, k, ("disk", "savez"), ("shm", "shelf")) for k in ks]
             met = sum(r >= target for r in ratios)
             state = "**met**" if met == len(ratios) else f"**not met** (met for {met} of {len(ratios)} k)"
-            floor, guarded = ([_ratio(rows, wl, k, ("disk", "savez"), ("shm", m)) for k in ks]
-                              for m in ("floor", "floor+guards"))
+            floor = [_ratio(rows, wl, k, ("disk", "savez"), ("shm", "floor")) for k in ks]
             out.append(f"- {wl}: shelf@shm vs savez@disk {min(ratios):.3g}–{max(ratios):.3g}x over k; target "
-                       f"≥{target:g}x: {state}. Yardsticks: floor {min(floor):.3g}–{max(floor):.3g}x, "
-                       f"floor+guards {min(guarded):.3g}–{max(guarded):.3g}x.")
+                       f"≥{target:g}x: {state}. Yardstick: floor {min(floor):.3g}–{max(floor):.3g}x.")
     for medium in MEDIA:
         wins = losses = 0
         for wl in workloads:
@@ -589,27 +527,19 @@ def verdict(rows: list[Row], tx_rows: list[TxRow], cold_rows: list[ColdRow],
         "Reading the numbers:",
         "",
         "- Where the state is small (KMeans: k x d floats; GMM on digits), a checkpoint is almost pure "
-        "overhead. The shelf's is Python bookkeeping (begin, reserve, checksum, the JSON of the changed "
-        f"variables, commit): {fmt_time(shelf.warm)} for a KMeans-sized state with warm caches; "
+        "overhead. The shelf's is a loop commit (a begin mark, a checksum of the new arrays, one packed "
+        f"record, read-only views): {fmt_time(shelf.warm)} for a KMeans-sized state with warm caches; "
         f"`np.savez`'s is zip writing into the page cache ({fmt_time(savez.warm)}; without fsync the disk is "
-        "not even touched, so `savez@disk` is barely slower than `savez@shm`). That ratio, not the medium, "
-        "bounds the speedup (PyMM's runtime is C++).",
+        "not even touched, so `savez@disk` is barely slower than `savez@shm`).",
         "- A workload's checkpoint follows its computation, which evicts the caches: right after streaming "
         f"256 MiB the same checkpoints take {fmt_time(shelf.cold)} (shelf, {shelf.cold / shelf.warm:.2g}x) "
-        f"and {fmt_time(savez.cold)} (savez, {savez.cold / savez.warm:.2g}x). The shelf's many small Python "
-        "steps each fetch code and objects from memory again, so they lose more, relatively, than "
-        "`np.savez`'s fewer, longer ones: after an iteration over mnist_like (440 MB) that, not the bytes "
-        "(12–61 KiB), is most of the shelf's checkpoint, and what keeps KMeans on mnist_like far from 10x. "
-        "On digits (0.9 MB of data) the caches stay warmer.",
-        f"- The yardsticks bound what a Python shelf can reach: on kmeans/mnist_like `floor` takes "
-        f"{_median_cell(rows, 'kmeans/mnist_like', 'shm', 'floor')} and `floor+guards` "
-        f"{_median_cell(rows, 'kmeans/mnist_like', 'shm', 'floor+guards')}, against the shelf's "
-        f"{_median_cell(rows, 'kmeans/mnist_like', 'shm', 'shelf')} and `savez@disk`'s "
-        f"{_median_cell(rows, 'kmeans/mnist_like', 'disk', 'savez')} (medians over k). A bare commit would "
-        "meet the 10x target; one that keeps the shelf's guarantees, each of its steps paying for caches "
-        "emptied by the iteration, would not, however lean its Python. (Compiling a bare commit with mypyc "
-        "did not change its time, 125 µs against 124 µs in one measurement: the cost is memory traffic, "
-        "not the interpreter.) Only a commit path in C, touching no Python objects, could go further.",
+        f"and {fmt_time(savez.cold)} (savez, {savez.cold / savez.warm:.2g}x). Every step of a Python commit "
+        "then fetches its code and objects from memory again, so what counts is how few steps it takes: "
+        "on kmeans/mnist_like (440 MB per iteration) the shelf takes "
+        f"{_median_cell(rows, 'kmeans/mnist_like', 'shm', 'shelf')}, `floor` "
+        f"{_median_cell(rows, 'kmeans/mnist_like', 'shm', 'floor')} and `savez@disk` "
+        f"{_median_cell(rows, 'kmeans/mnist_like', 'disk', 'savez')} (medians over k): the loop commit, "
+        "guarantees included, costs about what the barest Python commit does.",
         "- Where the state is large (GMM on mnist_like: k x 784 x 784 covariances), the shelf wins by the "
         "most: the iteration computes the new model straight into shelf blocks, so the checkpoint is a "
         "checksum and a commit, while every file mode serialises and copies megabytes.",
@@ -627,6 +557,16 @@ def verdict(rows: list[Row], tx_rows: list[TxRow], cold_rows: list[ColdRow],
         out.append(f"- undo log vs shadow copy, replacing {human(big)} on {medium}: undo "
                    f"{fmt_time(statistics.median(un))}, shadow {fmt_time(statistics.median(sh))} "
                    f"({statistics.median(un) / statistics.median(sh):.2g}x).")
+    small = min(r.changed for r in tx_rows)
+    for medium in MEDIA:
+        cells = []
+        for changed in (small, big):
+            loop, shadow = (statistics.median(r.seconds for r in tx_rows if r.medium == medium
+                                              and r.how == how and r.changed == changed)
+                            for how in ("loop commit", "assign (shadow)"))
+            cells.append(f"{human(changed)}: {fmt_time(loop)} against {fmt_time(shadow)}")
+        out.append(f"- a loop commit against a shadow transaction, copying the value in, on {medium}: "
+                   + "; ".join(cells) + ".")
     return out
 
 

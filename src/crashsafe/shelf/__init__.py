@@ -8,10 +8,12 @@ from crashsafe.shelf.errors import (
     ShelfFullError,
     ShelfRecoveredWarning,
 )
+from crashsafe.shelf.loop import Loop
 from crashsafe.shelf.shelf import RecoveryInfo, Shelf, Transaction, VarInfo
 
 __all__ = [
     "CorruptShelfError",
+    "Loop",
     "NotAShelfError",
     "RecoveryInfo",
     "Shelf",

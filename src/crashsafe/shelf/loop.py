@@ -38,10 +38,11 @@ from crashsafe.storage import faults
 if TYPE_CHECKING:
     from crashsafe.shelf.shelf import Shelf
 
-__all__ = ["Loop", "LoopState", "fold", "interrupted", "read_committed"]
+__all__ = ["Loop", "LoopState", "fold", "intact", "interrupted", "is_loop_scalar", "read_committed",
+           "spare_blocks"]
 
 _Array = np.ndarray[Any, Any]
-_ARMED = os.environ.get("CRASHSAFE_KILL_AT", "").startswith("shelf_")
+_ARMED = faults.SHELF_ARMED
 _U64 = struct.Struct("<Q")
 _ABSENT = object()
 _TYPES: dict[str, type] = {"bool": bool, "int": int, "float": float}

@@ -70,7 +70,7 @@ from crashsafe.storage import faults
 __all__ = ["RecoveryInfo", "Shelf", "Transaction", "TxMode", "VarInfo"]
 
 TxMode = Literal["undo", "shadow"]
-_ARMED = os.environ.get("CRASHSAFE_KILL_AT", "").startswith("shelf_")
+_ARMED = faults.SHELF_ARMED
 _Array = np.ndarray[Any, Any]
 
 
