@@ -90,8 +90,9 @@ def test_commits_reopen_to_the_same_state(any_dir: Path) -> None:
             out["x"][:] = 1.0
             out["it"] = 6
         assert shelf["it"] == 6 and np.all(shelf["x"] == 1.0) and np.all(shelf["y"] == 5)
+        used = shelf.used
     report = inspect_shelf(path)
-    assert report.loop == NAMES and report.seq == before[0] + 1
+    assert report.loop == NAMES and report.seq == before[0] + 1 and report.used == used
     assert {v.name: v.value for v in report.variables if v.kind == "scalar"}["it"] == 6
     result = CliRunner().invoke(app, ["shelf", "inspect", str(path)])
     assert result.exit_code == 0 and "loop over" in result.output

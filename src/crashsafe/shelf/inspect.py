@@ -118,8 +118,8 @@ def _report(
         variables.append(VarReport(name, e.kind, e.dtype, e.shape, e.nbytes, e.version, value, intact))
     used = sum(reserved(e.nbytes) for e in meta.vars.values() if e.has_block)
     loop = meta.loop
-    if loop is not None:  # its spares (as large as their arrays) and its records
-        used += sum(reserved(meta.vars[name].nbytes) for name, _, _ in loop.arrays) + loop.records_bytes
+    if loop is not None:  # its spares and records
+        used += sum(reserved(nbytes) for _, nbytes in loop.blocks(meta.vars))
     return ShelfReport(path, sb.version, sb.created, meta.size, meta.size - sb.data_start, used, meta.seq,
                        dict(meta.tx), meta.rollback, spare, pending, tuple(variables),
                        loop.names if loop is not None else ())

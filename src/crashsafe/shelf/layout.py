@@ -19,6 +19,7 @@ from __future__ import annotations
 import struct
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from json.encoder import encode_basestring_ascii as _json_str
@@ -246,6 +247,15 @@ class LoopLayout:
     @property
     def records_bytes(self) -> int:
         return ALIGN + 2 * self.slot_bytes
+
+    def blocks(self, entries: Mapping[str, Any]) -> list[tuple[int, int]]:
+        """``(offset, bytes)`` of the blocks the loop owns besides its variables': each array's
+        spare (the block its entry in ``entries`` does not point at) and the records block."""
+        spares = []
+        for name, b0, b1 in self.arrays:
+            entry = entries[name]
+            spares.append((b1 if entry.offset == b0 else b0, entry.nbytes))
+        return [*spares, (self.records, self.records_bytes)]
 
     def slot(self, seq: int) -> int:
         """Offset of the slot record ``seq`` goes to (never the one of record ``seq - 1``)."""

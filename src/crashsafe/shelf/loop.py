@@ -38,16 +38,25 @@ from crashsafe.storage import faults
 if TYPE_CHECKING:
     from crashsafe.shelf.shelf import Shelf
 
-__all__ = ["Loop", "LoopState", "fold", "intact", "interrupted", "is_loop_scalar", "read_committed",
-           "spare_blocks"]
+__all__ = ["Loop", "LoopState", "fold", "intact", "interrupted", "is_loop_scalar", "read_committed"]
 
 _Array = np.ndarray[Any, Any]
 _ARMED = faults.SHELF_ARMED
 _U64 = struct.Struct("<Q")
 _ABSENT = object()
 _TYPES: dict[str, type] = {"bool": bool, "int": int, "float": float}
-_UNREFERENCED = 3  # getrefcount of a spare only the loop holds: its tuple, a local, the argument
 _XXH3: Callable[[Any], int] = xxhash.xxh3_64_intdigest  # (ndarrays are buffers)
+
+
+def _unreferenced() -> int:
+    """``getrefcount`` of a spare only the loop refers to, taken as ``Loop.begin`` takes it (the
+    views' tuple, a local, the call's argument): measured, as the count differs across Pythons."""
+    views = (np.empty(0), np.empty(0))
+    spare = views[1]
+    return getrefcount(spare)
+
+
+_UNREFERENCED = _unreferenced()
 
 
 class LoopState(NamedTuple):
@@ -392,12 +401,6 @@ def is_loop_scalar(value: Any) -> bool:
     """Can a loop commit this scalar (a bool, an int that fits 64 bits, or a float)?"""
     kind = type(value)
     return kind is bool or kind is float or (kind is int and -(1 << 63) <= value < 1 << 63)
-
-
-def spare_blocks(layout: LoopLayout, variables: Mapping[str, Entry]) -> list[int]:
-    """The blocks ``layout`` owns that no variable in ``variables`` points at (spares, records)."""
-    current = {e.offset for e in variables.values() if e.has_block}
-    return [b for _, b0, b1 in layout.arrays for b in (b0, b1) if b not in current] + [layout.records]
 
 
 def intact(layout: LoopLayout, variables: Mapping[str, Entry]) -> bool:

@@ -242,17 +242,15 @@ def _loop_blocks(loop: LoopLayout | None, entries: dict[str, Entry],
     variables are on the shelf with the kinds and blocks it names."""
     if loop is None:
         return []
-    blocks = [(loop.records, loop.records_bytes, "the loop's records")]
     for name, b0, b1 in loop.arrays:
         entry = entries.get(name)
         if entry is None or entry.kind != "array" or entry.offset not in (b0, b1):
             raise _fail(path, f"loop array {name!r} is not an array in one of its two blocks")
-        blocks.append((b1 if entry.offset == b0 else b0, entry.nbytes, f"the spare of {name!r}"))
     for name, kind in loop.scalars:
         entry = entries.get(name)
         if entry is None or entry.kind != "scalar" or _scalar_type(entry.value) != kind:
             raise _fail(path, f"loop scalar {name!r} is not a {kind} scalar")
-    return blocks
+    return [(offset, nbytes, "the loop's own") for offset, nbytes in loop.blocks(entries)]
 
 
 def scalar_kind(entry: Entry) -> str:

@@ -229,11 +229,8 @@ class Shelf(MutableMapping[str, Any]):
             if entry.has_block:
                 self._alloc.mark(entry.offset, entry.nbytes)
         if self._meta.loop is not None:
-            layout = self._meta.loop
-            for offset in loops.spare_blocks(layout, self._meta.vars)[:-1]:
-                name = next(n for n, b0, b1 in layout.arrays if offset in (b0, b1))
-                self._alloc.mark(offset, self._meta.vars[name].nbytes)
-            self._alloc.mark(layout.records, layout.records_bytes)
+            for offset, nbytes in self._meta.loop.blocks(self._meta.vars):
+                self._alloc.mark(offset, nbytes)
 
     @property
     def _meta(self) -> Meta:
@@ -807,7 +804,7 @@ class Shelf(MutableMapping[str, Any]):
             self._loop._end(reason)
             self._loop = None
         assert before.loop is not None
-        for offset in loops.spare_blocks(before.loop, before.vars):
+        for offset, _ in before.loop.blocks(before.vars):
             self._release(offset)
 
     def _block_view(self, name: str, entry: Entry, offset: int) -> _Array:
