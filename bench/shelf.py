@@ -593,8 +593,9 @@ def plot(rows: list[Row], tx_rows: list[TxRow], path: Path) -> None:
         ax.grid(alpha=0.3)
     axes.flat[0].legend(fontsize=8)
     ax = axes.flat[4]
-    for (medium, how), style in zip([(m, h) for m in MEDIA for h in dict.fromkeys(r.how for r in tx_rows)],
-                                    ["-o", "-s", "-^", "--o", "--s", "--^"], strict=False):
+    hows = list(dict.fromkeys(r.how for r in tx_rows))
+    for medium, how in [(m, h) for m in MEDIA for h in hows]:
+        style = ("-" if medium == "shm" else "--") + "osD^v"[hows.index(how) % 5]
         for filler, alpha in zip(sorted({r.shelf_bytes for r in tx_rows}), (1.0, 0.45), strict=False):
             pts = sorted((r.changed, r.seconds) for r in tx_rows if r.medium == medium and r.how == how
                          and r.shelf_bytes == filler)
@@ -606,7 +607,7 @@ def plot(rows: list[Row], tx_rows: list[TxRow], path: Path) -> None:
     ax.set_xlabel("bytes changed")
     ax.set_ylabel("ms (median)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=6)
+    axes.flat[5].legend(*ax.get_legend_handles_labels(), loc="center", fontsize=8, title="one transaction")
     axes.flat[5].axis("off")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

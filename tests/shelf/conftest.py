@@ -60,6 +60,20 @@ def any_dir(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path]:
     shutil.rmtree(path)
 
 
+def _flip(path: Path, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0x40]))
+
+
+@pytest.fixture
+def flip() -> Callable[[Path, int], None]:
+    """``flip(path, offset)``: really flip a bit of the byte at ``offset`` in the file."""
+    return _flip
+
+
 @pytest.fixture
 def run_script() -> Callable[..., subprocess.CompletedProcess[str]]:
     """Run tests/shelf/scripts/<script> with arguments and extra environment; wait for it."""

@@ -21,19 +21,12 @@ from crashsafe.shelf import CorruptShelfError, NotAShelfError, Shelf, ShelfRecov
 from crashsafe.shelf.layout import PAGE, RECORD_BYTES, Record, Superblock, encode_meta_slot
 
 Run = Callable[..., subprocess.CompletedProcess[str]]
+Flip = Callable[[Path, int], None]
 
 
 def superblock(path: Path) -> Superblock:
     with open(path, "rb") as f:
         return Superblock.unpack(f.read(PAGE), path)
-
-
-def flip(path: Path, offset: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        byte = f.read(1)
-        f.seek(offset)
-        f.write(bytes([byte[0] ^ 0x40]))
 
 
 def slot_seq(path: Path, index: int) -> int:
@@ -57,7 +50,7 @@ def test_foreign_files_are_refused_and_left_untouched(shm_dir: Path, content: by
     assert path.read_bytes() == content
 
 
-def test_damaged_superblock_and_newer_format(shm_dir: Path) -> None:
+def test_damaged_superblock_and_newer_format(shm_dir: Path, flip: Flip) -> None:
     path = shm_dir / "s"
     Shelf(path, size="1MiB").close()
     flip(path, 40)
@@ -70,7 +63,7 @@ def test_damaged_superblock_and_newer_format(shm_dir: Path) -> None:
         Shelf(path)
 
 
-def test_flipped_data_byte_names_the_variable(any_dir: Path) -> None:
+def test_flipped_data_byte_names_the_variable(any_dir: Path, flip: Flip) -> None:
     path = any_dir / "s"
     with Shelf(path, size="1MiB") as shelf:
         shelf["good"] = np.arange(100.0)
@@ -86,7 +79,7 @@ def test_flipped_data_byte_names_the_variable(any_dir: Path) -> None:
             shelf.verify()
 
 
-def test_damaged_spare_metadata_slot_is_harmless(shm_dir: Path) -> None:
+def test_damaged_spare_metadata_slot_is_harmless(shm_dir: Path, flip: Flip) -> None:
     path = shm_dir / "s"
     with Shelf(path, size="1MiB") as shelf:
         shelf["x"] = np.ones(3)
@@ -100,7 +93,7 @@ def test_damaged_spare_metadata_slot_is_harmless(shm_dir: Path) -> None:
         assert np.all(shelf["x"] == 3.0)
 
 
-def test_damaged_newest_slot_falls_back_only_to_a_provably_intact_state(shm_dir: Path) -> None:
+def test_damaged_newest_slot_falls_back_only_to_a_provably_intact_state(shm_dir: Path, flip: Flip) -> None:
     # a metadata-only change: the previous commit's data is all there
     path = shm_dir / "s"
     with Shelf(path, size="1MiB") as shelf:
@@ -135,7 +128,7 @@ def test_damaged_newest_slot_falls_back_only_to_a_provably_intact_state(shm_dir:
         Shelf(path3)
 
 
-def test_both_metadata_slots_damaged(shm_dir: Path) -> None:
+def test_both_metadata_slots_damaged(shm_dir: Path, flip: Flip) -> None:
     path = shm_dir / "s"
     with Shelf(path, size="1MiB") as shelf:
         shelf["x"] = 1
@@ -172,7 +165,7 @@ def test_truncated_file(shm_dir: Path) -> None:
 
 @pytest.mark.timeout(120)
 def test_damaged_undo_copy_is_refused_not_half_restored(shm_dir: Path, run_script: Run,
-                                                        states: Any) -> None:
+                                                        states: Any, flip: Flip) -> None:
     path = shm_dir / "s"
     states.make_a(path, "undo")
     result = run_script("shelf_change.py", path, "undo", "process", CRASHSAFE_KILL_AT="shelf_before_meta")

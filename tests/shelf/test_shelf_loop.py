@@ -22,6 +22,7 @@ from crashsafe.shelf.inspect import inspect_shelf
 from crashsafe.shelf.layout import PAGE, Superblock, encode_meta_slot
 
 Run = Callable[..., subprocess.CompletedProcess[str]]
+Flip = Callable[[Path, int], None]
 NAMES = ("x", "y", "it", "loss", "done")
 
 
@@ -350,15 +351,7 @@ def _record_slots(shelf: Shelf) -> tuple[int, int]:
     return layout.slot(shelf.seq), layout.slot(shelf.seq - 1)
 
 
-def flip(path: Path, offset: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        byte = f.read(1)
-        f.seek(offset)
-        f.write(bytes([byte[0] ^ 0x40]))
-
-
-def test_a_damaged_newest_record_falls_back_to_the_one_before(shm_dir: Path) -> None:
+def test_a_damaged_newest_record_falls_back_to_the_one_before(shm_dir: Path, flip: Flip) -> None:
     path = shm_dir / "s"
     loop_state_a(path)
     with Shelf(path) as shelf:
@@ -373,7 +366,7 @@ def test_a_damaged_newest_record_falls_back_to_the_one_before(shm_dir: Path) -> 
         assert len(recovered) == 1 and shelf.recovered is not None
 
 
-def test_damage_to_the_data_of_a_loop_commit_is_named(shm_dir: Path) -> None:
+def test_damage_to_the_data_of_a_loop_commit_is_named(shm_dir: Path, flip: Flip) -> None:
     path = shm_dir / "s"
     loop_state_a(path)
     with Shelf(path) as shelf:
