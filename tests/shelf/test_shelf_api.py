@@ -309,6 +309,22 @@ def test_auto_durability_on_tmpfs(shm_dir: Path) -> None:
         assert shelf.durability == "process" and not shelf.map_sync
 
 
+def test_a_dax_mount_asks_for_map_sync_and_falls_back_when_refused(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """No DAX device here: the mount table is the one thing faked (a real ext4 file claims ``dax``),
+    so the kernel really refuses MAP_SYNC and the shelf must map the file the ordinary way."""
+    from crashsafe.shelf import arena
+
+    monkeypatch.setattr(arena, "mount_of", lambda path: ("ext4", "rw,relatime,dax"))
+    with Shelf(tmp_path / "s", size="1MiB") as shelf:
+        assert shelf.durability == "power" and not shelf.map_sync
+        shelf["x"] = np.arange(10.0)
+        with shelf.loop("x").step() as out:
+            out["x"] += 1
+    with Shelf(tmp_path / "s") as shelf:
+        assert np.array_equal(shelf["x"], np.arange(10.0) + 1)
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_reserved_arrays_become_variables_without_a_copy_or_are_freed(shm_dir: Path, mode: str) -> None:
     path = shm_dir / "s"
