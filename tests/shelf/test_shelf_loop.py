@@ -388,6 +388,25 @@ def test_damage_to_the_data_of_a_loop_commit_is_named(shm_dir: Path, flip: Flip)
         Shelf(path2)
 
 
+def test_a_forged_loop_record_is_refused(shm_dir: Path) -> None:
+    path = shm_dir / "s"
+    loop_state_a(path)
+    with Shelf(path) as shelf:
+        layout = shelf._meta.loop
+        assert layout is not None
+        newest, _ = _record_slots(shelf)
+        fields = list(layout.record.unpack_from(shelf._mv, newest))
+    fields[4] = 2  # x in a third block
+    body = layout.record.pack(*fields)
+    with open(path, "r+b") as f:
+        f.seek(newest)
+        f.write(body + struct.pack("<Q", xxhash.xxh3_64_intdigest(body)))
+    with pytest.raises(CorruptShelfError, match="forged"):
+        Shelf(path)
+    with pytest.raises(CorruptShelfError, match="forged"):
+        inspect_shelf(path)
+
+
 def test_forged_loop_layouts_are_refused(shm_dir: Path) -> None:
     path = shm_dir / "s"
     with Shelf(path, size="1MiB") as shelf:

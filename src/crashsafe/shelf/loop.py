@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 import xxhash
 
-from crashsafe.shelf.errors import ShelfError
+from crashsafe.shelf.errors import CorruptShelfError, ShelfError
 from crashsafe.shelf.layout import LOOP_BEGUN, LOOP_BEGUN_MAGIC, LOOP_MAGIC, LoopLayout, Superblock
 from crashsafe.shelf.meta import Entry, Meta, commit_record, read_newest
 from crashsafe.shelf.recovery import Incomplete
@@ -95,9 +95,9 @@ def fold(meta: Meta, state: LoopState) -> Meta:
                 meta.rollback, layout)
 
 
-def _unpack(buf: memoryview, layout: LoopLayout, at: int) -> LoopState | None:
+def _unpack(buf: memoryview, layout: LoopLayout, at: int, path: object) -> LoopState | None:
     """The loop commit in the slot at ``at``, or None if the slot is empty, torn, damaged or not
-    this loop's."""
+    this loop's; a record whose checksum matches but whose fields are impossible is refused."""
     record = layout.record
     if at + record.size + _U64.size > len(buf):
         return None
@@ -112,7 +112,10 @@ def _unpack(buf: memoryview, layout: LoopLayout, at: int) -> LoopState | None:
     values = tuple(_TYPES[kind](value)
                    for (_, kind), value in zip(layout.scalars, scalars[0::2], strict=True))
     if any(i not in (0, 1) for i in index) or min((*versions, *scalars[1::2]), default=1) < 1:
-        return None
+        raise CorruptShelfError(
+            f"{path}: a loop record of the shelf names a block or version that cannot exist although "
+            "its checksum matches; the file was forged or written by a broken tool. Refusing to use it."
+        )
     return LoopState(fields[1], fields[3], index, arrays[1::3], versions, values, scalars[1::2], fields[-1])
 
 
@@ -122,7 +125,7 @@ def read_committed(buf: memoryview, sb: Superblock, path: object) -> tuple[Meta,
     meta, spare = read_newest(buf, sb, path)
     layout = meta.loop
     if layout is not None:
-        found = [s for s in (_unpack(buf, layout, layout.slot(0)), _unpack(buf, layout, layout.slot(1)))
+        found = [s for s in (_unpack(buf, layout, layout.slot(n), path) for n in (0, 1))
                  if s is not None and s.seq > meta.seq]
         if found:
             meta = fold(meta, max(found))
