@@ -203,11 +203,25 @@ def test_begin_refuses_a_spare_still_referenced(shm_dir: Path, keep: str) -> Non
         del out
         with pytest.raises(ShelfError, match="two iterations ago is still referenced"):
             loop.begin()  # its spare is the block `kept` looks at
+        assert not loop.in_iteration
         assert np.asarray(kept).tolist()[:3] == ([10.0, 11.0, 12.0] if keep == "view" else [0.0, 1.0, 2.0])
         del kept
         with loop.step() as out:
             out["x"][:] = 3.0
         assert np.all(shelf["x"] == 3.0)
+
+
+def test_a_refused_begin_leaves_every_spare_read_only(shm_dir: Path) -> None:
+    loop_state_a(shm_dir / "s")
+    with Shelf(shm_dir / "s") as shelf:
+        loop = shelf.loop(*NAMES)
+        kept = shelf["y"]  # the second array's: x's spare is checked (and free) first
+        with loop.step():
+            pass
+        with pytest.raises(ShelfError, match="'y' committed two iterations ago"):
+            loop.begin()
+        assert not any(view.flags.writeable for views in loop._views for view in views)
+        del kept
 
 
 def test_transactions_beside_a_loop(shm_dir: Path) -> None:

@@ -233,9 +233,10 @@ class Loop:
                     "(an array, a view of it or a tensor sharing it), and this iteration would overwrite "
                     "it: the loop keeps two blocks per array. Copy what you keep (np.array(a)), or drop it."
                 )
-            spare.setflags(write=True)
             out[name] = spare
             at += 3
+        for spare in out.values():  # (only once none is refused)
+            spare.setflags(write=True)
         LOOP_BEGUN.pack_into(shelf._mv, self.layout.records, LOOP_BEGUN_MAGIC, fields[1] + 1, time.time())
         if _ARMED:
             faults.reached("shelf_loop_after_begin")
