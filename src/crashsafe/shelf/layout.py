@@ -36,7 +36,6 @@ __all__ = [
     "LOOP_BEGUN_MAGIC",
     "LOOP_LIMIT",
     "LOOP_MAGIC",
-    "LOOP_SCALAR_TYPES",
     "META_HEADER",
     "PAGE",
     "RECORD_BYTES",
@@ -206,8 +205,7 @@ class Record:
         return cls(kind, seq, target, nbytes, saved, when)
 
 
-_SCALAR_CODES = {"bool": "?", "int": "q", "float": "d"}
-LOOP_SCALAR_TYPES = tuple(_SCALAR_CODES)
+_SCALAR_CODES = {"bool": "?", "int": "q", "float": "d"}  # the scalar types a loop records
 
 
 @dataclass(frozen=True)

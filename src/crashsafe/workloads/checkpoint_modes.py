@@ -33,6 +33,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from crashsafe.errors import CrashsafeError
+from crashsafe.shelf.errors import ShelfError
 from crashsafe.workloads.iterative import Algorithm, Allocate
 
 __all__ = ["MODES", "RunResult", "Store", "UnreadableCheckpointError", "main", "open_store", "run"]
@@ -120,8 +121,6 @@ class ShelfStore:
         return allocate
 
     def save(self, state: Mapping[str, Any]) -> dict[str, Any]:
-        from crashsafe.shelf import ShelfError
-
         loop = self.loop
         if loop is not None:
             try:
