@@ -10,8 +10,8 @@ intact; the record write is the commit point. Opening a shelf applies the newest
 the metadata (:func:`read_committed`).
 
 Protocol of one loop iteration, numbered ``committed + 1``: ``begin`` marks it begun in the
-records block (so an interrupted iteration is reported on reopen, as any transaction; an 8-byte
-aligned store, so no checksum is needed) and makes the spares writable;
+records block (so an interrupted iteration is reported on reopen, as any transaction; the mark
+only decides that report, so it needs no checksum) and makes the spares writable;
 ``commit`` checksums the spares it commits, makes them durable, writes the record, makes it
 durable.
 """
