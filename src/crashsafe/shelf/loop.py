@@ -295,7 +295,8 @@ class Loop:
         if fd is not None:
             os.fdatasync(fd)
         if _ARMED:
-            _write_armed(mv, slot, packed)
+            faults.reached("shelf_loop_before_record")
+            faults.write_in_halves(mv, slot, packed, "shelf_loop_mid_record")
         else:
             mv[slot : slot + len(packed)] = packed
         _U64.pack_into(mv, slot + len(packed), _XXH3(packed))
@@ -363,16 +364,6 @@ class Loop:
     def __repr__(self) -> str:
         state = f"ended: {self.ended}" if self.ended else f"seq {self.seq}"
         return f"Loop({list(self.names)}, {state})"
-
-
-def _write_armed(mv: memoryview, slot: int, packed: bytes) -> None:
-    """Write a record in two halves, with the crash point ``shelf_loop_mid_record`` between them
-    (and ``shelf_loop_before_record`` before)."""
-    faults.reached("shelf_loop_before_record")
-    half = len(packed) // 2
-    mv[slot : slot + half] = packed[:half]
-    faults.reached("shelf_loop_mid_record")
-    mv[slot + half : slot + len(packed)] = packed[half:]
 
 
 def _fill(name: str, spare: _Array, value: Any) -> None:

@@ -21,7 +21,7 @@ from crashsafe.shelf.layout import META_HEADER, LoopLayout, Superblock, decode_m
 
 __all__ = [
     "DTYPE_NAMES", "NUMERIC_DTYPES", "Entry", "Kind", "Meta", "MetaEncoder", "commit_record", "decode_meta",
-    "encode_meta", "read_newest", "scalar_kind", "scalar_ok",
+    "encode_meta", "read_newest", "scalar_ok", "scalar_type",
 ]
 
 Kind = Literal["array", "str", "bytes", "scalar"]
@@ -57,7 +57,7 @@ class Entry(NamedTuple):
             shape = ",".join(map(str, self.shape))
             return (f'["{self.kind}",{self.version},"{self.dtype}",[{shape}],{self.offset},{self.nbytes},'
                     f'"{self.digest:016x}"]')
-        return f'["scalar",{self.version},"{_scalar_type(self.value)}",{_scalar_json(self.value)}]'
+        return f'["scalar",{self.version},"{scalar_type(self.value)}",{_scalar_json(self.value)}]'
 
 
 @dataclass
@@ -73,7 +73,8 @@ class Meta:
     loop: LoopLayout | None = None
 
 
-def _scalar_type(value: object) -> str:
+def scalar_type(value: object) -> str:
+    """The type name the metadata records for a scalar (``bool``, ``int``, ``float``, ``none``...)."""
     if value is None:
         return "none"
     return type(value).__name__
@@ -248,14 +249,9 @@ def _loop_blocks(loop: LoopLayout | None, entries: dict[str, Entry],
             raise _fail(path, f"loop array {name!r} is not an array in one of its two blocks")
     for name, kind in loop.scalars:
         entry = entries.get(name)
-        if entry is None or entry.kind != "scalar" or _scalar_type(entry.value) != kind:
+        if entry is None or entry.kind != "scalar" or scalar_type(entry.value) != kind:
             raise _fail(path, f"loop scalar {name!r} is not a {kind} scalar")
     return [(offset, nbytes, "the loop's own") for offset, nbytes in loop.blocks(entries)]
-
-
-def scalar_kind(entry: Entry) -> str:
-    """The type name a loop records for scalar ``entry`` (``bool``, ``int``, ``float``, ...)."""
-    return _scalar_type(entry.value)
 
 
 def _check_blocks(entries: dict[str, Entry], extra: list[tuple[int, int, str]], data_start: int, size: int,

@@ -62,8 +62,8 @@ from crashsafe.shelf.meta import (
     MetaEncoder,
     commit_record,
     encode_meta,
-    scalar_kind,
     scalar_ok,
+    scalar_type,
 )
 from crashsafe.storage import faults
 
@@ -697,10 +697,7 @@ class Shelf(MutableMapping[str, Any]):
             )
         start = self._sb.slot(meta.seq % 2)
         if _ARMED:
-            half = len(blob) // 2
-            self._mv[start : start + half] = blob[:half]
-            faults.reached("shelf_mid_meta")
-            self._mv[start + half : start + len(blob)] = blob[half:]
+            faults.write_in_halves(self._mv, start, blob, "shelf_mid_meta")
         else:
             self._mv[start : start + len(blob)] = blob
         self._arena.sync()
@@ -752,9 +749,9 @@ class Shelf(MutableMapping[str, Any]):
             if entry.kind == "array":
                 arrays.append((name, entry))
             elif entry.kind == "scalar" and loops.is_loop_scalar(entry.value):
-                scalars.append((name, scalar_kind(entry)))
+                scalars.append((name, scalar_type(entry.value)))
             else:
-                what = f"a {scalar_kind(entry)} scalar" if entry.kind == "scalar" else f"a {entry.kind}"
+                what = f"a {scalar_type(entry.value)} scalar" if entry.kind == "scalar" else f"a {entry.kind}"
                 raise ShelfError(f"loop(): {name!r} is {what}; a loop commits numeric arrays and bool, "
                                  "int (64-bit) and float scalars. Leave it out of the loop and change it in "
                                  "a transaction")

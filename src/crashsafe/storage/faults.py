@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import signal
 
-__all__ = ["COMMIT_POINTS", "SHELF_ARMED", "arm", "reached"]
+__all__ = ["COMMIT_POINTS", "SHELF_ARMED", "arm", "reached", "write_in_halves"]
 
 COMMIT_POINTS = (
     "after_mkdir_tmp",
@@ -40,3 +40,12 @@ def reached(point: str) -> None:
     """Mark that the protocol reached ``point``; die here if a test asked for it."""
     if point == _KILL_AT:
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def write_in_halves(buf: memoryview, at: int, data: bytes, point: str) -> None:
+    """Write ``data`` at ``at`` in two halves with ``point`` reached between them: a torn write,
+    when a test kills the process there."""
+    half = len(data) // 2
+    buf[at : at + half] = data[:half]
+    reached(point)
+    buf[at + half : at + len(data)] = data[half:]
