@@ -28,6 +28,7 @@ __all__ = [
     "dumps",
     "loads",
     "validate_file_name",
+    "validate_tree",
 ]
 
 FORMAT_NAME = "crashsafe-checkpoint"
@@ -36,6 +37,8 @@ MANIFEST_NAME = "manifest.json"
 MAX_MANIFEST_BYTES = 256 * 1024 * 1024
 MAX_TREE_DEPTH = 200
 MAX_NDIM = 64
+MAX_STEP = 2**63 - 1  # steps are int64 everywhere (names, JSON, other tools)
+MAX_TREE_NODES = 1_000_000
 LEAF_KINDS = frozenset({"torch", "numpy", "npscalar", "bytes"})
 _FILE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 _HEX64 = re.compile(r"^[0-9a-f]{16}$")
@@ -202,10 +205,7 @@ def _validate(body: dict[str, Any], where: str) -> Manifest:
         raise _bad(where, "has an invalid payload table")
     payloads = tuple(_payload(p, files, step, where) for p in body["payloads"])
     tree = body["tree"]
-    used: set[int] = set()
-    _validate_tree(tree, len(payloads), used, 0, where)
-    if len(used) != len(payloads):
-        raise _bad(where, "lists payloads that its tree never uses")
+    validate_tree(tree, len(payloads), where)
     return Manifest(step, float(created), tree, payloads, files, body["metrics"], body["info"])
 
 
@@ -258,7 +258,22 @@ _NODE_FIELDS: dict[str, set[str]] = {
 _SCALAR_TYPES: dict[str, type] = {"bool": bool, "int": str, "float": str, "str": str}
 
 
-def _validate_tree(node: object, n_payloads: int, used: set[int], depth: int, where: str) -> None:
+def validate_tree(tree: object, n_payloads: int, where: str = "state tree") -> None:
+    """Raise CorruptCheckpointError unless ``tree`` is a state tree the reader accepts, using each
+    of ``n_payloads`` arrays exactly once. The writer runs it too, so what saves also loads."""
+    used: set[int] = set()
+    nodes = [0]
+    _validate_tree(tree, n_payloads, used, 0, where, nodes)
+    if len(used) != n_payloads:
+        raise _bad(where, "lists payloads that its tree never uses")
+
+
+def _validate_tree(
+    node: object, n_payloads: int, used: set[int], depth: int, where: str, nodes: list[int]
+) -> None:
+    nodes[0] += 1
+    if nodes[0] > MAX_TREE_NODES:
+        raise _bad(where, f"has more than {MAX_TREE_NODES} tree nodes")
     if depth > MAX_TREE_DEPTH:
         raise _bad(where, f"has a state tree deeper than {MAX_TREE_DEPTH}")
     if not isinstance(node, dict) or not isinstance(node.get("t"), str) or node["t"] not in _NODE_FIELDS:
@@ -290,13 +305,13 @@ def _validate_tree(node: object, n_payloads: int, used: set[int], depth: int, wh
         if len(set(keys)) != len(keys):
             raise _bad(where, "has a dict node with duplicate keys")
         for v in vals:
-            _validate_tree(v, n_payloads, used, depth + 1, where)
+            _validate_tree(v, n_payloads, used, depth + 1, where, nodes)
     elif t in ("list", "tuple"):
         if not isinstance(node["items"], list):
             raise _bad(where, f"has a malformed {t} node")
         for v in node["items"]:
-            _validate_tree(v, n_payloads, used, depth + 1, where)
+            _validate_tree(v, n_payloads, used, depth + 1, where, nodes)
     elif t == "stateful":
         if not isinstance(node["class"], str):
             raise _bad(where, "has a malformed stateful node")
-        _validate_tree(node["value"], n_payloads, used, depth + 1, where)
+        _validate_tree(node["value"], n_payloads, used, depth + 1, where, nodes)
