@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from collections.abc import MutableMapping, MutableSequence, Sequence
 from typing import Any
 
@@ -9,7 +10,8 @@ import numpy as np
 
 from crashsafe._torch import is_tensor
 from crashsafe.errors import UnsupportedStateError
-from crashsafe.state.tree import format_path, is_stateful
+from crashsafe.format.dtypes import torch_dtype_name
+from crashsafe.state.tree import format_path, is_stateful, numpy_dtype_name
 
 __all__ = ["apply_into", "check_into", "to_value", "unflatten"]
 
@@ -46,108 +48,166 @@ def apply_into(target: Any, saved: Any, parts: tuple[str | int, ...] = ()) -> An
     """Load ``saved`` into ``target`` in place where possible; return the value to keep.
 
     Modules/optimizers get ``load_state_dict``, tensors and arrays are copied into, dicts and lists
-    are updated item by item, and immutable values (scalars, tuples) are returned so the parent
-    container can replace them.
+    are updated item by item, tuples (namedtuples too) and enum members are rebuilt, and other
+    immutable values are returned so the parent container can replace them. Run
+    :func:`check_into` first: then only a Stateful's own ``load_state_dict`` (or a live value that
+    refuses writes) can fail half-way, and the error says so.
     """
     where = format_path(parts)
     if is_stateful(target) and not isinstance(target, (dict, list)):
-        target.load_state_dict(saved)
+        _load_stateful(target, saved, where)
         return target
-    if is_tensor(target):
-        return _copy_tensor(target, saved, where)
-    if isinstance(target, np.ndarray):
-        saved_arr = np.asarray(saved.numpy() if is_tensor(saved) else saved)
-        if saved_arr.shape != target.shape:
-            raise UnsupportedStateError(
-                f"state at '{where}': checkpoint has shape {saved_arr.shape}, the live array "
-                f"{target.shape}; build the array with the saved shape before restoring"
-            )
-        np.copyto(target, saved_arr, casting="same_kind")
-        return target
+    if _is_array(target):
+        _check_array(target, saved, where)
+        return _copy_array(target, saved, where)
+    if isinstance(target, enum.Enum):
+        return _enum_member(target, saved, where)
     if isinstance(target, MutableMapping):
-        if not isinstance(saved, dict):
-            raise _mismatch(where, target, saved)
+        _check_container(target, saved, parts)
         for key in list(target.keys()):
-            if key not in saved:
-                raise UnsupportedStateError(
-                    f"state at '{format_path((*parts, key))}' is not in the checkpoint; remove it "
-                    "from the state passed to restore(), or use load() to read what was saved"
-                )
             target[key] = apply_into(target[key], saved[key], (*parts, key))
         return target
     if isinstance(target, (MutableSequence, tuple)):
-        if not isinstance(saved, (list, tuple)) or len(saved) != len(target):
-            raise _mismatch(where, target, saved)
+        _check_container(target, saved, parts)
         items = [apply_into(t, s, (*parts, i)) for i, (t, s) in enumerate(zip(target, saved, strict=True))]
         if isinstance(target, tuple):
-            return type(target)(items) if type(target) is tuple else target
+            return _rebuild_tuple(target, items, where)
         target[:] = items
         return target
     return saved
 
 
-def check_into(target: Any, saved: Any, parts: tuple[str | int, ...] = (), lenient: bool = False) -> None:
-    """Raise what :func:`apply_into` would raise, without changing anything.
+def check_into(target: Any, saved: Any, parts: tuple[str | int, ...] = ()) -> None:
+    """Raise what :func:`apply_into` would raise before changing anything, as far as it can know.
 
-    Run first, so a mismatched checkpoint leaves the live state untouched. Inside Stateful objects
-    it compares against their current ``state_dict()`` leniently: only tensors and arrays present
-    on both sides are checked (their own ``load_state_dict`` judges the rest).
+    Run first, so a mismatched checkpoint leaves the live state untouched. Stateful objects are
+    not looked into: their own ``load_state_dict`` decides what fits (QAT observers resize their
+    buffers, lazy modules materialise their parameters).
     """
     where = format_path(parts)
     if is_stateful(target) and not isinstance(target, (dict, list)):
-        check_into(target.state_dict(), saved, parts, lenient=True)
         return
-    if is_tensor(target) or isinstance(target, np.ndarray):
-        saved_shape = tuple(saved.shape) if hasattr(saved, "shape") else None
-        if saved_shape != tuple(target.shape):
-            raise UnsupportedStateError(
-                f"state at '{where}': checkpoint has shape {saved_shape}, the live value "
-                f"{tuple(target.shape)}; build it with the saved configuration before restoring"
-            )
-        if is_tensor(target) and is_tensor(saved) and saved.dtype != target.dtype:
-            raise UnsupportedStateError(
-                f"state at '{where}': checkpoint has dtype {saved.dtype}, the live tensor {target.dtype}; "
-                "cast the live tensor or load() the checkpoint and convert it yourself"
-            )
-        return
-    if isinstance(target, MutableMapping) or (lenient and isinstance(target, dict)):
+    if _is_array(target):
+        _check_array(target, saved, where)
+    elif isinstance(target, enum.Enum):
+        _enum_member(target, saved, where)
+    elif isinstance(target, MutableMapping):
+        _check_container(target, saved, parts)
+        for key in target:
+            check_into(target[key], saved[key], (*parts, key))
+    elif isinstance(target, (MutableSequence, tuple)):
+        _check_container(target, saved, parts)
+        for i, (t, s) in enumerate(zip(target, saved, strict=True)):
+            check_into(t, s, (*parts, i))
+
+
+def _is_array(value: object) -> bool:
+    return is_tensor(value) or isinstance(value, np.ndarray)
+
+
+def _dtype_name(value: Any) -> str | None:
+    """Manifest dtype name of a tensor, array or numpy scalar (byte order ignored), else None."""
+    if is_tensor(value):
+        return torch_dtype_name(value.dtype)
+    if isinstance(value, (np.ndarray, np.generic)):
+        return numpy_dtype_name(value.dtype)
+    return None
+
+
+def _check_array(target: Any, saved: Any, where: str) -> None:
+    """Refuse a saved value that is not an array of the live array's shape and element type."""
+    if not (_is_array(saved) or isinstance(saved, np.generic)):
+        raise _mismatch(where, target, saved)
+    if tuple(saved.shape) != tuple(target.shape):
+        raise UnsupportedStateError(
+            f"state at '{where}': checkpoint has shape {tuple(saved.shape)}, the live value "
+            f"{tuple(target.shape)}; build it with the saved configuration before restoring"
+        )
+    saved_dtype, live_dtype = _dtype_name(saved), _dtype_name(target)
+    if saved_dtype != live_dtype:
+        raise UnsupportedStateError(
+            f"state at '{where}': checkpoint has dtype {saved_dtype}, the live value "
+            f"{live_dtype or target.dtype}; cast the live value to {saved_dtype}, or load() the "
+            "checkpoint and convert it yourself"
+        )
+    if isinstance(target, np.ndarray) and not target.flags.writeable:
+        raise UnsupportedStateError(
+            f"state at '{where}': the live array is read-only; pass a writeable array to restore"
+        )
+
+
+def _copy_array(target: Any, saved: Any, where: str) -> Any:
+    """Copy ``saved`` (already checked: same shape and element type) into ``target``."""
+    try:
+        if is_tensor(target):
+            import torch
+
+            src = saved if is_tensor(saved) else torch.from_numpy(np.ascontiguousarray(saved))
+            with torch.no_grad():
+                target.copy_(src)
+        else:
+            np.copyto(target, saved.numpy() if is_tensor(saved) else saved, casting="equiv")
+    except (RuntimeError, ValueError, TypeError) as exc:  # e.g. an inference-mode or overlapping tensor
+        raise _stopped(where, f"copying into the live {type(target).__name__} failed: {exc}") from exc
+    return target
+
+
+def _load_stateful(target: Any, saved: Any, where: str) -> None:
+    try:
+        target.load_state_dict(saved)
+    except Exception as exc:
+        what = f"{type(target).__name__}.load_state_dict refused the checkpoint: {exc}"
+        raise _stopped(where, what) from exc
+
+
+def _stopped(where: str, what: str) -> UnsupportedStateError:
+    """A failure in the middle of restore: say what failed and what state the live objects are in."""
+    return UnsupportedStateError(
+        f"state at '{where}': {what}. Restore stopped there: the values before it in the state (and "
+        "whatever this one took before failing) hold the checkpoint's values, the ones after it are "
+        "unchanged. Restore into objects built with the saved configuration, or load() the "
+        "checkpoint to inspect it"
+    )
+
+
+def _enum_member(target: enum.Enum, saved: Any, where: str) -> enum.Enum:
+    """The member of the live value's enum that ``saved`` (its plain value) stands for."""
+    try:
+        return type(target)(saved)
+    except Exception:
+        raise UnsupportedStateError(
+            f"state at '{where}': the checkpoint holds {str(saved)[:100]!r}, which is not a value of "
+            f"the live enum {type(target).__qualname__}; restore into a state whose enum has that "
+            "value, or load() the checkpoint to read it"
+        ) from None
+
+
+def _rebuild_tuple(target: tuple[Any, ...], items: list[Any], where: str) -> tuple[Any, ...]:
+    """A tuple of the live value's type (namedtuple, torch.Size, ...) holding the restored items."""
+    cls = type(target)
+    if cls is tuple:
+        return tuple(items)
+    make = getattr(cls, "_make", None)  # namedtuples take their fields one by one
+    try:
+        return make(items) if callable(make) else cls(items)
+    except Exception as exc:
+        raise _stopped(where, f"rebuilding the live {cls.__qualname__} failed: {exc!r}") from exc
+
+
+def _check_container(target: Any, saved: Any, parts: tuple[str | int, ...]) -> None:
+    """Refuse a saved value that lacks a key of the live dict, or a sequence of another length."""
+    where = format_path(parts)
+    if isinstance(target, MutableMapping):
         if not isinstance(saved, dict):
             raise _mismatch(where, target, saved)
         for key in target:
-            if key in saved:
-                check_into(target[key], saved[key], (*parts, key), lenient)
-            elif not lenient:
+            if key not in saved:
                 raise UnsupportedStateError(
                     f"state at '{format_path((*parts, key))}' is not in the checkpoint; remove it "
                     "from the state passed to restore(), or use load() to read what was saved"
                 )
-        return
-    if isinstance(target, (MutableSequence, tuple)):
-        if not isinstance(saved, (list, tuple)) or len(saved) != len(target):
-            if lenient:
-                return
-            raise _mismatch(where, target, saved)
-        for i, (t, s) in enumerate(zip(target, saved, strict=True)):
-            check_into(t, s, (*parts, i), lenient)
-
-
-def _copy_tensor(target: Any, saved: Any, where: str) -> Any:
-    import torch
-
-    src = saved if is_tensor(saved) else torch.from_numpy(np.asarray(saved))
-    if tuple(src.shape) != tuple(target.shape):
-        raise UnsupportedStateError(
-            f"state at '{where}': checkpoint has shape {tuple(src.shape)}, the live tensor "
-            f"{tuple(target.shape)}; build the model with the saved configuration before restoring"
-        )
-    if src.dtype != target.dtype:
-        raise UnsupportedStateError(
-            f"state at '{where}': checkpoint has dtype {src.dtype}, the live tensor {target.dtype}; "
-            "cast the live tensor or load() the checkpoint and convert it yourself"
-        )
-    with torch.no_grad():
-        target.copy_(src)
-    return target
+    elif not isinstance(saved, (list, tuple)) or len(saved) != len(target):
+        raise _mismatch(where, target, saved)
 
 
 def _mismatch(where: str, target: Any, saved: Any) -> UnsupportedStateError:

@@ -61,7 +61,7 @@ def view_bytes(leaf: ArrayLeaf) -> np.ndarray[Any, Any]:
     """The leaf as a contiguous array in its storage dtype, without copying when possible."""
     sd = storage_dtype(leaf.dtype)
     if leaf.kind == "torch":
-        t = leaf.source.detach().cpu().contiguous()
+        t = _plain_cpu(leaf.source)
         if t.numel() == 0:
             return np.empty(leaf.shape, dtype=sd)
         import torch
@@ -72,3 +72,14 @@ def view_bytes(leaf: ArrayLeaf) -> np.ndarray[Any, Any]:
         return np.frombuffer(leaf.source, dtype=np.uint8)
     array = np.asarray(leaf.source, dtype=sd)  # ascontiguousarray would turn 0-d into 1-d
     return array if array.flags.c_contiguous else array.copy()
+
+
+def _plain_cpu(tensor: Any) -> Any:
+    """``tensor``'s values in a contiguous CPU tensor without the lazy conj/neg/zero bits that
+    ``.numpy()`` refuses: the tensor itself when it already is one, else a copy."""
+    t = tensor.detach()
+    if t.device.type == "cpu" and t.is_contiguous() and not (t.is_conj() or t.is_neg() or t._is_zerotensor()):
+        return t
+    import torch
+
+    return torch.empty(t.shape, dtype=t.dtype).copy_(t)

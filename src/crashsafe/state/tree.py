@@ -2,12 +2,16 @@
 
 The tree keeps containers, python scalars and the position of every array; arrays (torch tensors,
 numpy arrays, numpy scalars, bytes) become :class:`ArrayLeaf` records whose bytes go to payloads.
-Anything else is refused with an error naming its path in the state.
+Anything else is refused with an error naming its path in the state. What ``flatten`` accepts,
+the reader accepts: the tree goes through the reader's own validator before anything is written.
+See ``docs/state.md`` for what comes back exactly and what comes back changed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -15,8 +19,9 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import numpy as np
 
 from crashsafe._torch import is_tensor, loaded_torch
-from crashsafe.errors import UnsupportedStateError
+from crashsafe.errors import CorruptCheckpointError, UnsupportedStateError
 from crashsafe.format.dtypes import DTYPES, torch_dtype_name
+from crashsafe.format.manifest import validate_tree
 
 __all__ = [
     "ArrayLeaf",
@@ -29,7 +34,12 @@ __all__ = [
 ]
 
 LeafKind = Literal["torch", "numpy", "npscalar", "bytes"]
+Parts = tuple[str | int, ...]
 MAX_DEPTH = 64
+# Python refuses int("...") beyond this many digits by default, so a reader could not parse more.
+MAX_INT_DIGITS = sys.int_info.default_max_str_digits
+_MAX_INT_BITS = math.ceil(MAX_INT_DIGITS * math.log2(10))
+_ARRAY_TYPES = (np.ndarray, np.memmap)  # plain arrays: subclasses may carry more than their data
 
 
 @runtime_checkable
@@ -61,7 +71,7 @@ def is_stateful(value: object) -> bool:
     return callable(getattr(value, "state_dict", None)) and callable(getattr(value, "load_state_dict", None))
 
 
-def format_path(parts: tuple[str | int, ...]) -> str:
+def format_path(parts: Parts) -> str:
     """Dotted display path of a position in the state, e.g. ``optim.state.0.exp_avg``."""
     return ".".join(str(p) for p in parts) if parts else "<root>"
 
@@ -74,94 +84,190 @@ def numpy_dtype_name(dtype: np.dtype[Any]) -> str | None:
 
 
 def flatten(state: object) -> tuple[dict[str, Any], list[ArrayLeaf]]:
-    """Split ``state`` into a JSON-serialisable tree and its array leaves, in tree order."""
-    leaves: list[ArrayLeaf] = []
-    tree = _flatten(state, (), leaves, 0)
-    return tree, leaves
+    """Split ``state`` into a JSON-serialisable tree and its array leaves, in tree order.
+
+    Raises UnsupportedStateError for anything a checkpoint could not give back: unsupported
+    values, two arrays with the same dotted path, and any tree the reader's validator refuses.
+    """
+    walk = _Walk()
+    tree = walk.node(state, (), 0)
+    try:
+        validate_tree(tree, len(walk.leaves))
+    except CorruptCheckpointError as exc:
+        raise UnsupportedStateError(
+            f"this state would make a checkpoint crashsafe cannot read back: {exc}. Simplify the state "
+            "(fewer or shallower values), or split it over several keys"
+        ) from None
+    return tree, walk.leaves
 
 
-def _refuse(parts: tuple[str | int, ...], message: str) -> UnsupportedStateError:
+def _refuse(parts: Parts, message: str) -> UnsupportedStateError:
     return UnsupportedStateError(f"state at '{format_path(parts)}': {message}")
 
 
-def _flatten(
-    value: object, parts: tuple[str | int, ...], leaves: list[ArrayLeaf], depth: int
-) -> dict[str, Any]:
-    if depth > MAX_DEPTH:
-        raise _refuse(parts, f"nesting deeper than {MAX_DEPTH} levels (a cycle?)")
-    if value is None:
-        return {"t": "none"}
-    if isinstance(value, bool):
-        return {"t": "bool", "v": value}
-    if isinstance(value, int):
-        return {"t": "int", "v": str(value)}
-    if isinstance(value, float):
-        return {"t": "float", "v": value.hex()}
-    if isinstance(value, str):
-        return {"t": "str", "v": value}
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        data = bytes(value)
-        return _leaf(ArrayLeaf(format_path(parts), "bytes", "uint8", (len(data),), data), leaves)
-    if is_tensor(value):
-        return _tensor_leaf(value, parts, leaves)
-    if isinstance(value, np.ndarray):
-        return _numpy_leaf(value, parts, leaves, "numpy")
-    if isinstance(value, np.generic):
-        return _numpy_leaf(np.asarray(value), parts, leaves, "npscalar")
-    if isinstance(value, Mapping):
+def _position(parts: Parts) -> str:
+    """Unambiguous position in the state, e.g. ``state['opt'][0]`` vs ``state['opt']['0']``."""
+    return "state" + "".join(f"[{p!r}]" for p in parts)
+
+
+def _type_name(value: object) -> str:
+    return f"{type(value).__module__}.{type(value).__qualname__}"
+
+
+class _Walk:
+    """One flatten: the array leaves found so far and the position that owns each dotted path."""
+
+    def __init__(self) -> None:
+        self.leaves: list[ArrayLeaf] = []
+        self._owners: dict[str, Parts] = {}
+
+    def node(self, value: object, parts: Parts, depth: int) -> dict[str, Any]:
+        """Tree node of ``value`` at ``parts``; its arrays are appended to ``leaves``."""
+        if depth > MAX_DEPTH:
+            raise _refuse(parts, f"nesting deeper than {MAX_DEPTH} levels (a cycle?)")
+        if value is None:
+            return {"t": "none"}
+        if isinstance(value, bool):
+            return {"t": "bool", "v": value}
+        if isinstance(value, np.generic) and numpy_dtype_name(value.dtype) is not None:
+            return self._array(np.asarray(value), parts, "npscalar")  # before float: np.float64 stays
+        if isinstance(value, int):
+            return {"t": "int", "v": _int_text(value, parts)}
+        if isinstance(value, float):
+            return {"t": "float", "v": float.hex(value)}
+        if isinstance(value, str):
+            return {"t": "str", "v": str.__str__(value)}  # a str subclass (enum, np.str_) as plain str
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            data = bytes(value)
+            return self._leaf(parts, "bytes", "uint8", (len(data),), data)
+        if is_tensor(value):
+            return self._tensor(value, parts)
+        if isinstance(value, (np.ndarray, np.generic)):
+            return self._array(value, parts, "numpy")
+        if isinstance(value, Mapping):
+            return self._dict(value, parts, depth)
+        if isinstance(value, (list, tuple)):
+            items = [self.node(v, (*parts, i), depth + 1) for i, v in enumerate(value)]
+            return {"t": "list" if isinstance(value, list) else "tuple", "items": items}
+        if is_stateful(value):
+            return self._stateful(value, parts, depth)
+        raise _refuse(
+            parts,
+            f"cannot checkpoint a {_type_name(value)}. Supported: torch tensors, numpy arrays, python "
+            "scalars/str/bytes/None, dict/list/tuple, and objects with state_dict()/load_state_dict(). "
+            "Wrap other objects in such a class.",
+        )
+
+    def _dict(self, value: Mapping[Any, Any], parts: Parts, depth: int) -> dict[str, Any]:
         keys: list[str | int] = []
         vals: list[dict[str, Any]] = []
         for key, item in value.items():
-            if isinstance(key, bool) or not isinstance(key, (str, int)):
-                raise _refuse(
-                    parts,
-                    f"dict key {key!r} is a {type(key).__name__}; only str and int keys can be checkpointed",
-                )
-            keys.append(key)
-            vals.append(_flatten(item, (*parts, key), leaves, depth + 1))
+            plain = _plain_key(key, parts)
+            keys.append(plain)
+            vals.append(self.node(item, (*parts, plain), depth + 1))
         return {"t": "dict", "keys": keys, "vals": vals}
-    if isinstance(value, (list, tuple)):
-        kind = "list" if isinstance(value, list) else "tuple"
-        items = [_flatten(v, (*parts, i), leaves, depth + 1) for i, v in enumerate(value)]
-        return {"t": kind, "items": items}
-    if is_stateful(value):
+
+    def _stateful(self, value: Any, parts: Parts, depth: int) -> dict[str, Any]:
+        try:
+            state = value.state_dict()
+        except Exception as exc:
+            raise _refuse(parts, f"{_type_name(value)}.state_dict() raised {exc!r}") from exc
+        inner = self.node(state, parts, depth + 1)
         cls = type(value)
-        inner = _flatten(value.state_dict(), parts, leaves, depth + 1)  # type: ignore[attr-defined]
         return {"t": "stateful", "class": f"{cls.__module__}.{cls.__qualname__}", "value": inner}
+
+    def _tensor(self, tensor: Any, parts: Parts) -> dict[str, Any]:
+        problem = _tensor_problem(tensor)
+        if problem is not None:
+            raise _refuse(parts, problem)
+        name = torch_dtype_name(tensor.dtype)
+        if name is None:
+            raise _refuse(parts, f"tensor dtype {tensor.dtype} is not supported")
+        return self._leaf(parts, "torch", name, tuple(tensor.shape), tensor)
+
+    def _array(self, array: Any, parts: Parts, kind: LeafKind) -> dict[str, Any]:
+        name = numpy_dtype_name(array.dtype)
+        if name is None:
+            raise _refuse(
+                parts,
+                f"numpy dtype {array.dtype} is not supported (object, string and "
+                "structured arrays could execute or hide code; store numbers or bytes)",
+            )
+        if type(array) not in _ARRAY_TYPES:
+            raise _refuse(
+                parts,
+                f"a {_type_name(array)} is a numpy.ndarray subclass; crashsafe stores plain arrays and "
+                "would drop what the subclass adds (a masked array's mask, a unit, ...). Save "
+                "np.asarray(x) and the extra parts (e.g. x.mask) as separate values",
+            )
+        return self._leaf(parts, kind, name, tuple(array.shape), array)
+
+    def _leaf(
+        self, parts: Parts, kind: LeafKind, dtype: str, shape: tuple[int, ...], source: Any
+    ) -> dict[str, Any]:
+        path = format_path(parts)
+        owner = self._owners.setdefault(path, parts)
+        if owner != parts:
+            raise UnsupportedStateError(
+                f"{_position(owner)} and {_position(parts)} would both be saved as '{path}': "
+                "crashsafe names arrays by their dotted path and could not tell them apart. "
+                "Rename one of the keys"
+            )
+        self.leaves.append(ArrayLeaf(path, kind, dtype, shape, source))
+        return {"t": "array", "id": len(self.leaves) - 1}
+
+
+def _int_text(value: int, parts: Parts) -> str:
+    """Plain decimal text of an int; an int subclass (IntEnum member) gives its integer value."""
+    text = None
+    if value.bit_length() <= _MAX_INT_BITS:  # bounded work even if this process lifted the limit
+        with contextlib.suppress(ValueError):  # this process may limit int -> str further
+            text = int.__repr__(value)
+    if text is None or len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise _refuse(
+            parts,
+            f"an int with more than {MAX_INT_DIGITS} decimal digits cannot be checkpointed (python "
+            "refuses to read it back); store it as bytes, e.g. x.to_bytes((x.bit_length() + 8) // 8, "
+            "'little', signed=True)",
+        )
+    return text
+
+
+def _plain_key(key: object, parts: Parts) -> str | int:
+    """A dict key as the plain str or int it is saved as (enum members give their value)."""
+    if isinstance(key, str):
+        return str.__str__(key)
+    if isinstance(key, int) and not isinstance(key, bool):
+        return int(_int_text(key, parts))
     raise _refuse(
-        parts,
-        f"cannot checkpoint a {type(value).__module__}.{type(value).__qualname__}. Supported: "
-        "torch tensors, numpy arrays, python scalars/str/bytes/None, dict/list/tuple, and objects "
-        "with state_dict()/load_state_dict(). Wrap other objects in such a class.",
+        parts, f"dict key {key!r} is a {type(key).__name__}; only str and int keys can be checkpointed"
     )
 
 
-def _leaf(leaf: ArrayLeaf, leaves: list[ArrayLeaf]) -> dict[str, Any]:
-    leaves.append(leaf)
-    return {"t": "array", "id": len(leaves) - 1}
-
-
-def _tensor_leaf(tensor: Any, parts: tuple[str | int, ...], leaves: list[ArrayLeaf]) -> dict[str, Any]:
+def _tensor_problem(tensor: Any) -> str | None:
+    """Why ``tensor`` could not be saved and given back as it is, or None if it can."""
     torch = loaded_torch()
     assert torch is not None
-    if tensor.layout != torch.strided:
-        raise _refuse(parts, f"{tensor.layout} tensors are not supported; call .to_dense() first")
-    if tensor.is_quantized:
-        raise _refuse(parts, "quantized tensors are not supported; dequantize() first")
-    name = torch_dtype_name(tensor.dtype)
-    if name is None:
-        raise _refuse(parts, f"tensor dtype {tensor.dtype} is not supported")
-    return _leaf(ArrayLeaf(format_path(parts), "torch", name, tuple(tensor.shape), tensor), leaves)
-
-
-def _numpy_leaf(
-    array: np.ndarray[Any, Any], parts: tuple[str | int, ...], leaves: list[ArrayLeaf], kind: LeafKind
-) -> dict[str, Any]:
-    name = numpy_dtype_name(array.dtype)
-    if name is None:
-        raise _refuse(
-            parts,
-            f"numpy dtype {array.dtype} is not supported (object, string and "
-            "structured arrays could execute or hide code; store numbers or bytes)",
+    if isinstance(tensor, torch.nn.parameter.UninitializedTensorMixin):
+        return (
+            "an uninitialized lazy parameter or buffer has no shape or data yet; run a forward pass "
+            "(or restore into the module) before saving it"
         )
-    return _leaf(ArrayLeaf(format_path(parts), kind, name, tuple(array.shape), array), leaves)
+    if tensor.is_nested:
+        return "nested tensors are not supported; save tensor.unbind() (a tuple of tensors) instead"
+    if type(tensor) not in (torch.Tensor, torch.nn.Parameter):
+        return (
+            f"a {_type_name(tensor)} is a torch.Tensor subclass; crashsafe stores plain tensors and "
+            "would drop what the subclass adds. Convert it to a plain tensor first (e.g. "
+            "t.as_subclass(torch.Tensor) if it only adds methods, t.full_tensor() for a DTensor)"
+        )
+    if tensor.layout != torch.strided:
+        return f"{tensor.layout} tensors are not supported; call .to_dense() first"
+    if tensor.is_quantized:
+        return "quantized tensors are not supported; dequantize() first"
+    if tensor.is_meta:
+        return (
+            "a meta tensor has no data; materialize it (e.g. module.to_empty(device='cpu'), then "
+            "initialise or load it) before saving"
+        )
+    return None
