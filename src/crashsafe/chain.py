@@ -1,30 +1,40 @@
-"""Delta chains: which earlier steps a step needs, and reading a step through them.
+"""Decoding committed steps, through delta chains; and which earlier steps a step needs.
 
 A payload written by a :class:`~crashsafe.codecs.DeltaCodec` names its base step in the manifest;
-decoding it needs the base's reconstruction, which may itself be a delta. :func:`read_step`
-validates the whole chain before it decodes any byte (each base committed and earlier, holding the
-same path with the same kind, dtype, shape and codec), then decodes oldest first, verifying every
-payload's checksum. :func:`protected_steps` tells retention which steps kept steps still need.
+decoding it needs the base's reconstruction, which may itself be a delta. :class:`ChainReader`
+validates a payload's whole chain before it decodes any byte (each base committed and earlier,
+holding the same path with the same kind, dtype, shape and codec), then decodes oldest first,
+verifying every payload's checksum. Payloads are decoded one at a time, so verification holds one
+decoded array (plus, for consecutive steps, one reconstruction per delta-coded path), never a
+whole step. :func:`protected_steps` tells retention which steps kept steps still need.
+
+Steps may be deleted by retention while they are read: an error about a step that is no longer
+committed is reported as :class:`NoCheckpointError` (it vanished), never as damage.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, MutableMapping
-from pathlib import Path
-from typing import Any
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator, MutableMapping
+from types import TracebackType
+from typing import Any, TypeVar
 
 import numpy as np
 
-from crashsafe.codecs.base import DeltaCodec, Reference
+from crashsafe.codecs.base import Codec, DeltaCodec, Reference
 from crashsafe.codecs.registry import get_codec
 from crashsafe.errors import CodecError, CorruptCheckpointError, NoCheckpointError
 from crashsafe.format.dtypes import storage_dtype
 from crashsafe.format.manifest import Manifest, PayloadEntry
 from crashsafe.policies.retention import steps_to_delete
 from crashsafe.storage.layout import committed_steps
+from crashsafe.storage.localdir import LocalDir
 from crashsafe.storage.reader import StepReader, read_manifest
 
-__all__ = ["direct_bases", "doomed_steps", "protected_steps", "read_step"]
+__all__ = ["ChainReader", "direct_bases", "doomed_steps", "protected_steps", "read_step"]
+
+_T = TypeVar("_T")
+_OPEN_READERS = 32  # step readers kept open (each holds a few fds)
 
 
 def direct_bases(manifest: Manifest) -> frozenset[int]:
@@ -33,7 +43,7 @@ def direct_bases(manifest: Manifest) -> frozenset[int]:
 
 
 def protected_steps(
-    root: Path, keep: Iterable[int], known: MutableMapping[int, frozenset[int]] | None = None
+    root: LocalDir, keep: Iterable[int], known: MutableMapping[int, frozenset[int]] | None = None
 ) -> frozenset[int]:
     """Every step the steps in ``keep`` need to stay restorable, through all their chains.
 
@@ -59,92 +69,176 @@ def protected_steps(
 
 
 def doomed_steps(
-    root: Path,
+    root: LocalDir,
     keep_last: int | None,
     keep_every: int | None,
     known: MutableMapping[int, frozenset[int]] | None = None,
+    keep: Iterable[int] = (),
 ) -> list[int]:
-    """Committed steps retention may delete: those the policy drops, minus every delta base a
-    kept step still needs (``known`` as in :func:`protected_steps`)."""
+    """Committed steps retention may delete: those the policy drops, minus the steps in ``keep``
+    and every delta base a kept step still needs (``known`` as in :func:`protected_steps`)."""
     steps = committed_steps(root)
-    dropped = set(steps_to_delete(steps, keep_last, keep_every))
+    pinned = frozenset(keep)
+    dropped = set(steps_to_delete(steps, keep_last, keep_every, pinned))
     needed = protected_steps(root, [s for s in steps if s not in dropped], known)
-    return steps_to_delete(steps, keep_last, keep_every, needed)
+    return steps_to_delete(steps, keep_last, keep_every, needed | pinned)
 
 
-def read_step(root: Path, step: int) -> tuple[Manifest, list[np.ndarray[Any, Any]]]:
+def read_step(root: LocalDir, step: int) -> tuple[Manifest, list[np.ndarray[Any, Any]]]:
     """The manifest of ``step`` and every payload decoded (storage dtype), through delta chains."""
-    target = read_manifest(root, step)
-    manifests: dict[int, dict[str, list[PayloadEntry]]] = {step: _by_path(target)}
-    plan: dict[int, list[tuple[int, PayloadEntry]]] = {}
-    for i, entry in enumerate(target.payloads):
-        for at, link in _chain(root, step, entry, manifests):
-            plan.setdefault(at, []).append((i, link))
-    values: list[np.ndarray[Any, Any] | None] = [None] * len(target.payloads)
-    references: dict[int, tuple[int, Reference]] = {}
-    for at in sorted(plan):
-        with StepReader(root, at) as reader:
-            for i, link in plan[at]:
-                try:
-                    codec = get_codec(link.codec)
-                    if not isinstance(codec, DeltaCodec):
-                        values[i] = reader.read(link)
-                        continue
-                    base: Reference | None = None
-                    if link.base is not None:
-                        previous = references.get(i)
-                        if previous is None or previous[0] != link.base:
-                            raise CodecError(f"its chain does not reach base step {link.base}")
-                        base = previous[1]
-                    stored = reader.read_stored(link)
-                    reference = codec.decode_delta(stored.data, storage_dtype(link.dtype), link.shape, base)
-                except CodecError as exc:
-                    raise CorruptCheckpointError(f"{reader.where}: payload '{link.path}': {exc}") from None
-                references[i] = (at, reference)
-    for i, (_, reference) in references.items():
-        values[i] = reference.array
-    assert all(v is not None for v in values)
-    return target, [v for v in values if v is not None]
+    with ChainReader(root) as chains:
+        arrays = [array for _, array in chains.payloads(step)]
+        return chains.manifest(step), arrays
 
 
-def _chain(
-    root: Path, step: int, entry: PayloadEntry, manifests: dict[int, dict[str, list[PayloadEntry]]]
-) -> list[tuple[int, PayloadEntry]]:
-    """(step, entry) from the full payload up to ``entry``, every link validated."""
-    links = [(step, entry)]
-    link = entry
-    while link.base is not None:
-        base = link.base
-        where = f"checkpoint step {step} in {root}: payload '{entry.path}'"
-        if base not in manifests:
+class ChainReader:
+    """Decodes the payloads of committed steps of one directory, following delta chains.
+
+    Step readers stay open while it lives (a chain revisits its steps once per payload). With
+    ``keep_references`` the newest reconstruction of each delta-coded path is kept, so reading
+    consecutive steps (as verification does) decodes every link of a chain once, not once per step.
+    """
+
+    def __init__(self, root: LocalDir, *, keep_references: bool = False) -> None:
+        self.root = root
+        self._readers: OrderedDict[int, StepReader] = OrderedDict()
+        self._references: dict[str, tuple[int, Reference]] | None = {} if keep_references else None
+
+    def manifest(self, step: int) -> Manifest:
+        return self._reader(step).manifest
+
+    def payloads(self, step: int, *, verify_only: bool = False) -> Iterator[tuple[PayloadEntry, Any]]:
+        """Yield (entry, array) for every payload of ``step``, decoded and verified, in manifest
+        order. With ``verify_only`` raw payloads are checksummed in a stream and yielded as None."""
+        target = self._reader(step)
+        for entry in target.manifest.payloads:
             try:
-                manifests[base] = _by_path(read_manifest(root, base))
+                yield entry, self._payload(step, entry, verify_only)
+            except (CorruptCheckpointError, NoCheckpointError):
+                if not target.still_committed():
+                    raise NoCheckpointError(
+                        f"step {step} was deleted (by retention?) while it was read; read another step"
+                    ) from None
+                raise
+
+    def _payload(self, step: int, entry: PayloadEntry, verify_only: bool) -> Any:
+        reader = self._reader(step)
+        codec = self._codec(reader, entry)
+        if not isinstance(codec, DeltaCodec):
+            if verify_only and codec.stored_nbytes(entry.raw_nbytes) == entry.nbytes:
+                reader.check_stored(entry)  # e.g. raw: the size check above is all decoding would do
+                return None
+            return _decode(reader, entry, lambda data: codec.decode(data, *_layout(entry)))
+        links = self._chain(step, entry)
+        reference = None
+        cached = self._references.pop(entry.path, None) if self._references is not None else None
+        if cached is not None and cached[0] in {at for at, _ in links[:-1]}:
+            reference = cached[1]
+            links = links[[at for at, _ in links].index(cached[0]) + 1 :]
+        for at, link in links:
+            try:
+                reference = self._decode_link(codec, at, link, reference)
+            except CorruptCheckpointError as exc:
+                if at == step:
+                    raise
+                raise CorruptCheckpointError(
+                    f"checkpoint step {step}: payload '{entry.path}' is a delta of step {at}, which is "
+                    f"damaged: {exc}"
+                ) from None
+        assert reference is not None
+        if self._references is not None:
+            self._references[entry.path] = (step, reference)
+        return reference.array
+
+    def _decode_link(
+        self, codec: DeltaCodec, at: int, link: PayloadEntry, reference: Reference | None
+    ) -> Reference:
+        dtype, shape = _layout(link)
+        return _decode(self._reader(at), link, lambda data: codec.decode_delta(data, dtype, shape, reference))
+
+    def _chain(self, step: int, entry: PayloadEntry) -> list[tuple[int, PayloadEntry]]:
+        """(step, entry) from the full payload up to ``entry``, every link validated."""
+        links = [(step, entry)]
+        link = entry
+        where = f"checkpoint step {step} in {self.root.path}: payload '{entry.path}'"
+        while link.base is not None:
+            base = link.base
+            try:
+                found = [p for p in self.manifest(base).payloads if p.path == entry.path]
             except NoCheckpointError:
                 raise CorruptCheckpointError(
-                    f"{where} is a delta whose base step {base} is missing (deleted outside crashsafe?); "
+                    f"{where} is a delta of step {base}, but base step {base} is missing (deleted outside "
+                    "crashsafe?); "
                     "restore another step"
                 ) from None
-        found = manifests[base].get(entry.path, [])
-        if len(found) != 1:
-            raise CorruptCheckpointError(f"{where}: base step {base} does not hold this path")
-        prior = found[0]
-        same = (prior.kind, prior.dtype, prior.shape, prior.codec) == (
-            link.kind,
-            link.dtype,
-            link.shape,
-            link.codec,
-        )
-        if not same:
-            raise CorruptCheckpointError(
-                f"{where}: base step {base} holds it with another kind, dtype, shape or codec"
-            )
-        links.append((base, prior))
-        link = prior
-    return links[::-1]
+            except CorruptCheckpointError as exc:
+                raise CorruptCheckpointError(
+                    f"{where} is a delta of step {base}, which is damaged: {exc}"
+                ) from None
+            if len(found) != 1:
+                raise CorruptCheckpointError(f"{where}: base step {base} does not hold this path")
+            prior = found[0]
+            if (prior.kind, prior.dtype, prior.shape, prior.codec) != (
+                link.kind,
+                link.dtype,
+                link.shape,
+                link.codec,
+            ):
+                raise CorruptCheckpointError(
+                    f"{where}: base step {base} holds it with another kind, dtype, shape or codec"
+                )
+            links.append((base, prior))
+            link = prior
+        return links[::-1]
+
+    def _codec(self, reader: StepReader, entry: PayloadEntry) -> Codec:
+        try:
+            return get_codec(entry.codec)
+        except CodecError as exc:
+            raise CorruptCheckpointError(f"{reader.where}: payload '{entry.path}': {exc}") from None
+
+    def _reader(self, step: int) -> StepReader:
+        reader = self._readers.get(step)
+        if reader is not None:
+            self._readers.move_to_end(step)
+            return reader
+        reader = self._readers[step] = StepReader(self.root, step)
+        if len(self._readers) > _OPEN_READERS:
+            self._readers.popitem(last=False)[1].close()
+        return reader
+
+    def close(self) -> None:
+        for reader in self._readers.values():
+            reader.close()
+        self._readers.clear()
+
+    def __enter__(self) -> ChainReader:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
 
 
-def _by_path(manifest: Manifest) -> dict[str, list[PayloadEntry]]:
-    index: dict[str, list[PayloadEntry]] = {}
-    for payload in manifest.payloads:
-        index.setdefault(payload.path, []).append(payload)
-    return index
+def _layout(entry: PayloadEntry) -> tuple[np.dtype[Any], tuple[int, ...]]:
+    return storage_dtype(entry.dtype), entry.shape
+
+
+def _decode(reader: StepReader, entry: PayloadEntry, decode: Callable[[memoryview], _T]) -> _T:
+    """Read, verify and decode one payload; any failure to decode is damage of that payload.
+
+    This is the trust boundary: codecs (built-in or registered by users) decode bytes from disk,
+    so whatever a codec raises on bytes it cannot decode becomes a CorruptCheckpointError, which
+    lets restore fall back to an older step.
+    """
+    stored = reader.read_stored(entry)
+    try:
+        return decode(stored.data)
+    except CodecError as exc:
+        problem = str(exc)
+    except MemoryError:
+        problem = f"it declares {entry.raw_nbytes} bytes, more than this machine can allocate"
+    except Exception as exc:  # see the docstring: the trust boundary
+        problem = f"it does not decode ({type(exc).__name__}: {exc})"
+    raise CorruptCheckpointError(f"{reader.where}: payload '{entry.path}': {problem}")

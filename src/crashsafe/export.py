@@ -11,6 +11,7 @@ import numpy as np
 from crashsafe.chain import read_step
 from crashsafe.errors import CrashsafeError, NoCheckpointError
 from crashsafe.storage.layout import committed_steps
+from crashsafe.storage.localdir import LocalDir
 
 __all__ = ["export_safetensors"]
 
@@ -29,15 +30,19 @@ def export_safetensors(
     """
     from safetensors.numpy import save_file
 
-    root = Path(directory)
-    if step is None:
-        steps = committed_steps(root)
-        if not steps:
-            raise NoCheckpointError(f"no committed checkpoint in {root}")
-        step = steps[-1]
+    try:
+        root = LocalDir.open(directory)
+    except OSError:
+        raise NoCheckpointError(f"{directory} is not a checkpoint directory") from None
+    with root:
+        if step is None:
+            steps = committed_steps(root)
+            if not steps:
+                raise NoCheckpointError(f"no committed checkpoint in {directory}")
+            step = steps[-1]
+        manifest, arrays = read_step(root, step)  # verified, and through delta chains
     tensors: dict[str, np.ndarray] = {}
     bf16: list[str] = []
-    manifest, arrays = read_step(root, step)  # verified, and through delta chains
     entries = [
         (e, a)
         for e, a in zip(manifest.payloads, arrays, strict=True)

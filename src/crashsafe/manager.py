@@ -16,7 +16,7 @@ import signal
 import threading
 import time
 import warnings
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from crashsafe.chain import doomed_steps, read_step
+from crashsafe.chain import doomed_steps, protected_steps, read_step
 from crashsafe.codecs.base import BytesLike, Codec, DeltaCodec, Reference
 from crashsafe.codecs.registry import get_codec
 from crashsafe.errors import (
@@ -35,23 +35,27 @@ from crashsafe.errors import (
     CrashsafeError,
     NoCheckpointError,
     SaveFailedError,
+    StorageError,
     UnsupportedStateError,
 )
 from crashsafe.format.dtypes import FLOAT_DTYPES
-from crashsafe.format.manifest import Manifest, PayloadEntry
+from crashsafe.format.manifest import MAX_STEP, Manifest, PayloadEntry
 from crashsafe.policies.base import EverySteps, SaveContext, SavePolicy
 from crashsafe.policies.retention import validate_retention
 from crashsafe.state.rebuild import apply_into, check_into, to_value, unflatten
 from crashsafe.state.staging import StagingPool, view_bytes
 from crashsafe.state.tree import ArrayLeaf, flatten
 from crashsafe.storage.layout import committed_steps, leftovers
+from crashsafe.storage.localdir import LocalDir
 from crashsafe.storage.lock import WriterLock
-from crashsafe.storage.writer import StepWriter, delete_step, remove_leftovers, storage_error
+from crashsafe.storage.reader import read_manifest
+from crashsafe.storage.writer import StepWriter, delete_steps, remove_leftovers, storage_error
 
 __all__ = ["CheckpointManager", "CodecSpec", "SaveStats"]
 
 CodecSpec = str | Codec | Mapping[str, str | Codec] | None
 _VERSION = "0.1.0"
+_READ_ATTEMPTS = 5  # a reader re-lists the steps this often when every step it tried vanished
 
 
 @dataclass(frozen=True)
@@ -110,6 +114,7 @@ class CheckpointManager:
         self._bases: dict[int, frozenset[int]] = {}  # step -> steps its deltas need (cache)
         self._committed = 0  # saves committed by this manager: delta chains restart at multiples
         self._lock: WriterLock | None = None
+        self._dir: LocalDir | None = None  # a writer's directory, held open for its lifetime
         self._pool = StagingPool() if async_save else None
         self._executor: ThreadPoolExecutor | None = None
         self._pending: Future[SaveStats] | None = None
@@ -127,10 +132,15 @@ class CheckpointManager:
             return
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
+            self._dir = LocalDir.open(self.directory)
         except OSError as exc:
             raise storage_error(exc, f"creating the checkpoint directory {self.directory}") from None
-        self._lock = WriterLock(self.directory)
-        remove_leftovers(leftovers(self.directory))
+        try:
+            self._lock = WriterLock(self._dir)
+        except BaseException:
+            self._dir.close()
+            raise
+        remove_leftovers(self._dir, leftovers(self._dir))
         if async_save:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="crashsafe-persist")
         if save_on_sigterm:
@@ -140,15 +150,17 @@ class CheckpointManager:
 
     def save(self, step: int, state: Mapping[str, Any], metrics: Mapping[str, Any] | None = None) -> None:
         """Checkpoint ``state`` as ``step``. Returns once the state is copied (async) or committed."""
-        self._check_writable()
-        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
-            raise ValueError(f"step must be a non-negative int, got {step!r}")
+        root = self._writable()
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or not 0 <= step <= MAX_STEP:
+            raise ValueError(f"step must be a non-negative int below 2**63, got {step!r}")
         step = int(step)
         if not isinstance(state, Mapping):
             raise UnsupportedStateError(f"state must be a dict of named values, got a {type(state).__name__}")
         begin = time.perf_counter()
         self._wait_pending()
-        if step in committed_steps(self.directory):
+        self._check_directory(root, f"saving step {step}")
+        committed = frozenset(committed_steps(root))
+        if step in committed:
             raise CheckpointExistsError(
                 f"step {step} is already committed in {self.directory}; committed checkpoints are "
                 "never overwritten. Save under a new step, or delete it with `crashsafe gc`."
@@ -163,7 +175,7 @@ class CheckpointManager:
         self._last_save = (step, self._train_time())
 
         def persist() -> SaveStats:
-            return self._persist(step, tree, leaves, arrays, clean_metrics, stall)
+            return self._persist(root, step, committed, tree, leaves, arrays, clean_metrics, stall)
 
         if self._executor is None:  # sync: the loop also waits for the write and the commit
             stats = persist()
@@ -225,7 +237,9 @@ class CheckpointManager:
 
     def _persist(
         self,
+        root: LocalDir,
         step: int,
+        committed: frozenset[int],
         tree: dict[str, Any],
         leaves: list[ArrayLeaf],
         arrays: list[np.ndarray[Any, Any]],
@@ -233,7 +247,7 @@ class CheckpointManager:
         stall: float,
     ) -> SaveStats:
         begin = time.perf_counter()
-        writer = StepWriter(self.directory, step)
+        writer = StepWriter(root, step)
         tracks: dict[str, _Track] = {}
         try:
             entries = []
@@ -241,7 +255,7 @@ class CheckpointManager:
                 codec = self._codec_for(leaf)
                 base = None
                 if isinstance(codec, DeltaCodec):
-                    payload, base, tracks[leaf.path] = self._encode_delta(codec, leaf, array, step)
+                    payload, base, tracks[leaf.path] = self._encode_delta(codec, leaf, array, step, committed)
                 else:
                     payload = codec.encode(array)
                 file, offset, nbytes, digest = writer.write_payload(payload)
@@ -277,7 +291,7 @@ class CheckpointManager:
         self._bases[step] = frozenset(e.base for e in entries if e.base is not None)
         self._committed += 1
         persisted = time.perf_counter() - begin  # durable and committed; retention comes after
-        self._apply_retention()
+        self._apply_retention(root, step)
         return SaveStats(step, stall, persisted, manifest.raw_nbytes, manifest.stored_nbytes)
 
     def _codec_for(self, leaf: ArrayLeaf) -> Codec:
@@ -294,17 +308,26 @@ class CheckpointManager:
         return get_codec("raw")
 
     def _encode_delta(
-        self, codec: DeltaCodec, leaf: ArrayLeaf, array: np.ndarray[Any, Any], step: int
+        self,
+        codec: DeltaCodec,
+        leaf: ArrayLeaf,
+        array: np.ndarray[Any, Any],
+        step: int,
+        committed: frozenset[int],
     ) -> tuple[BytesLike, int | None, _Track]:
         """Encode against the path's previous save, or start a new chain with a full save.
 
         Full saves fall on every ``full_every``-th save of this manager (not of the path), so the
         chains of paths whose ``full_every`` divide each other restart together and retention
-        can drop whole old steps.
+        can drop whole old steps. A chain also restarts when its last step is no longer committed
+        or is not earlier than ``step`` (a save below an earlier one): a base is always an earlier,
+        committed step, or the reader would refuse the delta.
         """
         track = self._tracks.get(leaf.path)
         if (
             track is not None
+            and track.step < step
+            and track.step in committed
             and track.codec == codec
             and (track.dtype, track.shape) == (leaf.dtype, leaf.shape)
             and self._committed % codec.full_every != 0
@@ -314,11 +337,49 @@ class CheckpointManager:
         payload, reference = codec.encode_delta(array, None)
         return payload, None, _Track(codec, leaf.dtype, leaf.shape, step, reference)
 
-    def _apply_retention(self) -> None:
-        """Delete what the retention policy drops, except steps a kept step's delta chain needs."""
-        for step in doomed_steps(self.directory, self.keep_last, self.keep_every, self._bases):
-            delete_step(self.directory, step)
+    def _apply_retention(self, root: LocalDir, saved: int) -> list[int]:
+        """Delete what the retention policy drops, except steps a kept step's delta chain needs and
+        the step just ``saved`` (even when it is older than others, e.g. after a rewind)."""
+        doomed = doomed_steps(root, self.keep_last, self.keep_every, self._bases, keep=[saved])
+        self._delete(root, doomed)
+        return doomed
+
+    def _delete(self, root: LocalDir, steps: list[int]) -> None:
+        delete_steps(root, steps)  # dependants before their bases
+        for step in steps:
             self._bases.pop(step, None)
+
+    def delete(self, steps: Sequence[int]) -> None:
+        """Delete committed ``steps`` crash-safely (each is renamed out of view, then removed).
+
+        Refuses, deleting nothing, if a step that stays needs one of them as a delta base.
+        """
+        root = self._writable()
+        self._wait_pending()
+        self._check_directory(root, "deleting steps")
+        doomed = sorted(set(steps) & set(committed_steps(root)))
+        staying = [s for s in committed_steps(root) if s not in doomed]
+        needed = sorted(protected_steps(root, staying, self._bases) & set(doomed))
+        if needed:
+            raise CrashsafeError(
+                f"cannot delete step {needed[0]}: a step that stays is a delta of it. Delete the steps "
+                "that depend on it too, or keep it"
+            )
+        self._delete(root, doomed)
+
+    def gc(self, *, delete_damaged: bool = False) -> list[int]:
+        """Apply this manager's retention now (and, with ``delete_damaged``, delete every step that
+        does not verify); return the deleted steps. Torn leftovers were removed when it opened."""
+        from crashsafe.verify import verify
+
+        root = self._writable()
+        self._wait_pending()
+        self._check_directory(root, "collecting garbage")
+        doomed = set(doomed_steps(root, self.keep_last, self.keep_every, self._bases))
+        if delete_damaged:
+            doomed |= {r.step for r in verify(self.directory).damaged}
+        self._delete(root, sorted(doomed))
+        return sorted(doomed)
 
     def _wait_pending(self) -> None:
         pending, step = self._pending, self._pending_step
@@ -334,19 +395,43 @@ class CheckpointManager:
                 f"saving step {step} in the background failed: {exc!r}. Committed checkpoints are intact."
             ) from exc
 
-    def _check_writable(self) -> None:
+    def _writable(self) -> LocalDir:
         if self._closed:
             raise CrashsafeError("this CheckpointManager is closed; create a new one")
-        if self.read_only:
+        if self.read_only or self._dir is None:
             raise CrashsafeError(
                 f"{self.directory} was opened read_only; open it without read_only=True to save"
             )
+        return self._dir
+
+    def _check_directory(self, root: LocalDir, doing: str) -> None:
+        """Refuse to go on if the directory was deleted or replaced under this writer: its lock
+        no longer guards the path, and writing on would fork the run."""
+        if not root.is_current():
+            raise storage_error(FileNotFoundError(), doing, root)
+
+    @contextlib.contextmanager
+    def _root(self) -> Iterator[LocalDir]:
+        """The directory to read: a writer's own handle, or (readers) the path opened afresh, so a
+        reader follows a directory that is replaced."""
+        if self._dir is not None and not self._closed:
+            yield self._dir
+            return
+        try:
+            handle = LocalDir.open(self.directory)
+        except FileNotFoundError:
+            raise NoCheckpointError(f"checkpoint directory {self.directory} does not exist") from None
+        except OSError as exc:
+            raise storage_error(exc, f"opening the checkpoint directory {self.directory}") from None
+        with handle:
+            yield handle
 
     # ----------------------------------------------------------------------------- reading
 
     def steps(self) -> list[int]:
         """Committed steps, ascending."""
-        return committed_steps(self.directory)
+        with self._root() as root:
+            return committed_steps(root)
 
     def latest_step(self) -> int | None:
         """The newest committed step, or None."""
@@ -355,13 +440,13 @@ class CheckpointManager:
 
     def manifest(self, step: int | None = None) -> Manifest:
         """The validated manifest of ``step`` (default: the newest)."""
-        from crashsafe.storage.reader import read_manifest
-
-        if step is None:
-            step = self.latest_step()
+        with self._root() as root:
             if step is None:
-                raise NoCheckpointError(f"no committed checkpoint in {self.directory}")
-        return read_manifest(self.directory, step)
+                steps = committed_steps(root)
+                if not steps:
+                    raise NoCheckpointError(f"no committed checkpoint in {self.directory}")
+                step = steps[-1]
+            return read_manifest(root, step)
 
     def load(self, step: int | None = None, *, numpy: bool = False) -> dict[str, Any]:
         """The state as saved: tensors, arrays and python values, checksums verified.
@@ -369,7 +454,10 @@ class CheckpointManager:
         With ``step=None`` the newest intact step is read; damaged newer steps are skipped with a
         :class:`CorruptCheckpointWarning`. An explicit damaged ``step`` raises.
         """
-        return self._load(step, numpy)[1]
+        loaded = self._load(step, numpy)
+        if loaded is None:
+            raise NoCheckpointError(f"no committed checkpoint in {self.directory}; nothing to load")
+        return loaded[1]
 
     def restore(self, state: MutableMapping[str, Any], step: int | None = None) -> int | None:
         """Load a checkpoint into ``state`` in place; return its step, or None if there is none.
@@ -381,47 +469,63 @@ class CheckpointManager:
             raise UnsupportedStateError(
                 f"restore needs the dict of live objects, got a {type(state).__name__}"
             )
-        if not self.read_only:
-            self._wait_pending()
-        if step is None and not self.steps():
+        loaded = self._load(step, numpy=False)
+        if loaded is None:
             return None
-        found, saved = self._load(step, numpy=False)
+        found, saved = loaded
         check_into(state, saved)  # a mismatch raises before anything live is changed
         apply_into(state, saved)
         return found
 
-    def _load(self, step: int | None, numpy: bool) -> tuple[int, dict[str, Any]]:
+    def _load(self, step: int | None, numpy: bool) -> tuple[int, dict[str, Any]] | None:
+        """The step asked for, or the newest intact one (None if there is no step at all)."""
         if not self.read_only and not self._closed:
             self._wait_pending()
-        if step is not None:
-            return step, self._read(step, numpy)
-        steps = self.steps()
-        if not steps:
-            raise NoCheckpointError(f"no committed checkpoint in {self.directory}; nothing to load")
-        damage: list[str] = []
-        for candidate in reversed(steps):
-            try:
-                state = self._read(candidate, numpy)
-            except CorruptCheckpointError as exc:
-                damage.append(str(exc))
-                warnings.warn(
-                    f"skipping damaged checkpoint: {exc}. Falling back to an older step.",
-                    CorruptCheckpointWarning,
-                    stacklevel=3,
-                )
-                continue
-            except NoCheckpointError:
-                continue  # deleted by retention while we looked
-            return candidate, state
+        with self._root() as root:
+            if step is not None:
+                return step, self._read(root, step, numpy)
+            return self._load_newest(root, numpy)
+
+    def _load_newest(self, root: LocalDir, numpy: bool) -> tuple[int, dict[str, Any]] | None:
+        """Try committed steps newest first, skipping damaged ones with a warning. A step that a
+        writer deletes while it is read is not damage: when every step tried vanished, the steps
+        are listed afresh (a reader sees the writer's newer steps then)."""
+        damage: dict[int, str] = {}
+        for _ in range(_READ_ATTEMPTS):
+            steps = committed_steps(root)
+            if not steps:
+                return None
+            vanished = False
+            for candidate in reversed(steps):
+                if candidate in damage:
+                    continue
+                try:
+                    return candidate, self._read(root, candidate, numpy)
+                except (CorruptCheckpointError, StorageError) as exc:
+                    damage[candidate] = str(exc)
+                    warnings.warn(
+                        f"skipping damaged checkpoint: {exc}. Falling back to an older step.",
+                        CorruptCheckpointWarning,
+                        stacklevel=4,
+                    )
+                except NoCheckpointError:
+                    vanished = True  # deleted by the writer's retention while we read it
+            if not vanished:
+                break
+        if not damage:
+            raise NoCheckpointError(
+                f"every step of {self.directory} was deleted while it was read, {_READ_ATTEMPTS} times "
+                "over; another process is deleting steps. Try again"
+            )
         raise CorruptCheckpointError(
             f"every checkpoint in {self.directory} is damaged: "
-            + "; ".join(damage)
+            + "; ".join(damage[s] for s in sorted(damage, reverse=True))
             + ". Run `crashsafe verify` for details."
         )
 
-    def _read(self, step: int, numpy: bool) -> dict[str, Any]:
+    def _read(self, root: LocalDir, step: int, numpy: bool) -> dict[str, Any]:
         try:
-            manifest, arrays = read_step(self.directory, step)
+            manifest, arrays = read_step(root, step)
         except CorruptCheckpointError:
             self._tracks = {}  # never append deltas to a chain that may hold damage: next save is full
             raise
@@ -465,6 +569,8 @@ class CheckpointManager:
                 self._pool.clear()
             if self._lock is not None:
                 self._lock.release()
+            if self._dir is not None:
+                self._dir.close()
             if self._previous_handler is not None:
                 with contextlib.suppress(ValueError):
                     signal.signal(signal.SIGTERM, self._previous_handler)

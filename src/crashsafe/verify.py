@@ -1,19 +1,25 @@
-"""Check every committed step of a directory: manifest, file sizes and every payload checksum."""
+"""Check committed steps the way a load reads them: manifest, files, checksums and decoding.
+
+Verification decodes every payload through its delta chain, exactly as ``load`` does, so a step
+reported intact is a step that loads. It streams: one payload is decoded at a time (raw payloads
+are checksummed through a small buffer without being held), and consecutive steps share the
+reconstruction of each delta-coded path so every chain link is decoded once.
+"""
 
 from __future__ import annotations
 
-import dataclasses
 import os
-from collections.abc import Callable
+import stat
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from crashsafe.chain import direct_bases
+from crashsafe.chain import ChainReader, direct_bases
 from crashsafe.errors import CorruptCheckpointError, NoCheckpointError
-from crashsafe.storage.layout import committed_steps, leftovers, step_dir
-from crashsafe.storage.reader import StepReader
+from crashsafe.storage.layout import committed_steps, leftovers, step_name
+from crashsafe.storage.localdir import LocalDir
 
-__all__ = ["StepReport", "VerifyReport", "verify", "verify_step", "with_chains"]
+__all__ = ["StepReport", "VerifyReport", "verify"]
 
 
 @dataclass(frozen=True)
@@ -51,57 +57,53 @@ class VerifyReport:
         return [s for s in self.steps if not s.ok]
 
 
-def verify_step(root: Path, step: int) -> StepReport:
-    """Read one step completely and check every checksum."""
-    try:
-        with StepReader(root, step) as reader:
-            reader.verify()
-            m = reader.manifest
-            return StepReport(step, True, None, m.raw_nbytes, m.stored_nbytes, m.created, direct_bases(m))
-    except CorruptCheckpointError as exc:
-        return StepReport(step, False, str(exc), stored_bytes=_du(step_dir(root, step)))
-    except NoCheckpointError as exc:
-        return StepReport(step, False, str(exc))
-    except OSError as exc:
-        return StepReport(step, False, f"cannot read step {step}: {exc}")
-
-
 def verify(
-    directory: str | os.PathLike[str], progress: Callable[[StepReport], None] | None = None
+    directory: str | os.PathLike[str],
+    progress: Callable[[StepReport], None] | None = None,
+    steps: Sequence[int] | None = None,
 ) -> VerifyReport:
-    """Verify every committed step under ``directory``; ``progress`` is called after each."""
+    """Verify the committed steps under ``directory`` (or just ``steps``), oldest first.
+
+    ``progress`` is called with each step's report as it is done. A step deleted by a concurrent
+    writer's retention while it is verified is left out of the report.
+    """
     root = Path(directory)
-    if not root.is_dir():
-        raise NoCheckpointError(f"{root} is not a directory")
-    reports = []
-    for step in committed_steps(root):
-        report = verify_step(root, step)
-        reports.append(report)
-        if progress is not None:
-            progress(report)
-    return VerifyReport(root, with_chains(reports), [p.name for p in leftovers(root)])
-
-
-def with_chains(reports: list[StepReport]) -> list[StepReport]:
-    """Mark a step damaged when a delta base it needs is missing or damaged (reports ascending)."""
-    status: dict[int, StepReport] = {}
-    out = []
-    for report in reports:
-        broken = sorted(b for b in report.bases if b not in status or not status[b].ok)
-        if report.ok and broken:
-            report = dataclasses.replace(
-                report,
-                ok=False,
-                problem=f"step {report.step} is a delta of step {broken[0]}, which is "
-                f"{'damaged' if broken[0] in status else 'missing'}; restore falls back to an older step",
-            )
-        status[report.step] = report
-        out.append(report)
-    return out
-
-
-def _du(path: Path) -> int:
     try:
-        return sum(e.stat().st_size for e in os.scandir(path) if e.is_file())
+        handle = LocalDir.open(root)
     except OSError:
+        raise NoCheckpointError(f"{root} is not a directory") from None
+    with handle, ChainReader(handle, keep_references=True) as chains:
+        reports = []
+        for step in sorted(committed_steps(handle) if steps is None else steps):
+            report = _verify_step(chains, step)
+            if report is None:
+                continue
+            reports.append(report)
+            if progress is not None:
+                progress(report)
+        return VerifyReport(root, reports, leftovers(handle))
+
+
+def _verify_step(chains: ChainReader, step: int) -> StepReport | None:
+    try:
+        for _ in chains.payloads(step, verify_only=True):
+            pass
+        m = chains.manifest(step)
+        return StepReport(step, True, None, m.raw_nbytes, m.stored_nbytes, m.created, direct_bases(m))
+    except CorruptCheckpointError as exc:
+        return StepReport(step, False, str(exc), stored_bytes=_stored_bytes(chains.root, step))
+    except NoCheckpointError:
+        return None  # deleted while we looked
+
+
+def _stored_bytes(root: LocalDir, step: int) -> int:
+    """Bytes in a damaged step's regular files (links are not followed)."""
+    try:
+        with root.subdir(step_name(step)) as directory:
+            total = 0
+            for name in directory.names():
+                st = os.stat(name, dir_fd=directory.fd, follow_symlinks=False)
+                total += st.st_size if stat.S_ISREG(st.st_mode) else 0
+            return total
+    except (OSError, CorruptCheckpointError):
         return 0

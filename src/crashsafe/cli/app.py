@@ -13,7 +13,8 @@ from rich.table import Table
 
 from crashsafe.errors import CrashsafeError
 from crashsafe.storage.layout import committed_steps
-from crashsafe.verify import StepReport, verify_step, with_chains
+from crashsafe.storage.localdir import LocalDir
+from crashsafe.verify import VerifyReport, verify
 
 app = typer.Typer(
     name="crashsafe",
@@ -53,8 +54,16 @@ def _age(created: float | None) -> str:
     return f"{s:.0f}s"
 
 
-def _verify_with_progress(directory: Path, steps: list[int]) -> list[StepReport]:
-    reports = []
+def _steps(directory: Path) -> list[int]:
+    try:
+        with LocalDir.open(directory) as root:
+            return committed_steps(root)
+    except OSError:
+        raise _fail(f"{directory} is not a directory") from None
+
+
+def _verify_with_progress(directory: Path) -> VerifyReport:
+    steps = _steps(directory)
     with Progress(
         TextColumn("[bold]verifying"),
         BarColumn(),
@@ -64,25 +73,19 @@ def _verify_with_progress(directory: Path, steps: list[int]) -> list[StepReport]
         transient=True,
     ) as progress:
         task = progress.add_task("verify", total=len(steps))
-        for step in steps:
-            reports.append(verify_step(directory, step))
-            progress.advance(task)
-    return with_chains(reports)
+        return verify(directory, progress=lambda _: progress.advance(task), steps=steps)
 
 
 @app.command("ls")
 def ls_cmd(directory: Dir) -> None:
     """List committed steps with size, age and integrity status."""
-    if not directory.is_dir():
-        raise _fail(f"{directory} is not a directory")
-    steps = committed_steps(directory)
-    if not steps:
+    if not _steps(directory):
         console.print(f"no committed checkpoints in {directory}")
         return
     table = Table(title=str(directory))
     for col in ("step", "stored", "raw", "ratio", "age", "status"):
         table.add_column(col, justify="right" if col != "status" else "left")
-    for r in _verify_with_progress(directory, steps):
+    for r in _verify_with_progress(directory).steps:
         ratio = f"{r.raw_bytes / r.stored_bytes:.2f}x" if r.ok and r.stored_bytes else "-"
         status = "[green]ok[/]" if r.ok else f"[red]damaged[/]: {r.problem}"
         table.add_row(
@@ -133,19 +136,16 @@ def show_cmd(directory: Dir, step: StepOpt = None) -> None:
 
 @app.command("verify")
 def verify_cmd(directory: Dir) -> None:
-    """Check every committed step's checksums; exit 1 if any step is damaged."""
-    from crashsafe.storage.layout import leftovers as find_leftovers
-
-    if not directory.is_dir():
-        raise _fail(f"{directory} is not a directory")
-    reports = _verify_with_progress(directory, committed_steps(directory))
-    leftovers = [p.name for p in find_leftovers(directory)]
+    """Check every committed step as a load reads it (checksums, decoding, delta chains); exit 1 if
+    any step is damaged."""
+    report = _verify_with_progress(directory)
+    reports = report.steps
     for r in reports:
         if r.ok:
             console.print(f"[green]ok[/]      step {r.step}  {human_bytes(r.stored_bytes)}")
         else:
             console.print(f"[red]DAMAGED[/] step {r.step}: {r.problem}")
-    for name in leftovers:
+    for name in report.leftovers:
         console.print(f"[yellow]leftover[/] {name} (a torn save; ignored, cleaned by the next writer)")
     bad = [r for r in reports if not r.ok]
     if bad:
@@ -198,30 +198,22 @@ def gc_cmd(
     delete_damaged: Annotated[bool, typer.Option(help="also delete damaged steps")] = False,
 ) -> None:
     """Delete old steps (and torn leftovers) crash-safely, keeping the newest N."""
-    from crashsafe.chain import doomed_steps
+    from crashsafe.manager import CheckpointManager
     from crashsafe.storage.layout import leftovers
-    from crashsafe.storage.lock import WriterLock
-    from crashsafe.storage.writer import delete_step, remove_leftovers
 
     if not directory.is_dir():
         raise _fail(f"{directory} is not a directory")
-    try:
-        lock = WriterLock(directory)
+    with LocalDir.open(directory) as root:
+        torn = leftovers(root)
+    try:  # opening as the writer removes torn leftovers; gc keeps every delta base a kept step needs
+        with CheckpointManager(
+            directory, keep_last=keep_last, keep_every=keep_every, async_save=False
+        ) as mgr:
+            deleted = mgr.gc(delete_damaged=delete_damaged)
+            kept = mgr.steps()
     except CrashsafeError as exc:
         raise _fail(str(exc)) from None
-    try:
-        torn = leftovers(directory)
-        remove_leftovers(torn)
-        doomed = set(doomed_steps(directory, keep_last, keep_every))  # keeps needed delta bases
-        if delete_damaged:
-            doomed |= {
-                r.step for r in _verify_with_progress(directory, committed_steps(directory)) if not r.ok
-            }
-        for step in sorted(doomed):
-            delete_step(directory, step)
-    finally:
-        lock.release()
-    console.print(f"deleted {len(doomed)} steps and {len(torn)} leftovers; kept {committed_steps(directory)}")
+    console.print(f"deleted {len(deleted)} steps and {len(torn)} leftovers; kept {kept}")
 
 
 @app.command("demo")

@@ -28,7 +28,6 @@ from crashsafe.ps.errors import ServerRecoveringError
 from crashsafe.ps.layout import BlockLayout, ranges_index
 from crashsafe.ps.messages import APPLIED, COUNT, VER, Copy, Push, encode_copy, pack_meta, push_blocks
 from crashsafe.ps.workloads import make_workload
-from crashsafe.storage.writer import delete_step
 
 __all__ = ["ServerShard"]
 
@@ -389,10 +388,8 @@ class ServerShard:
             self.ends = [self.version.copy()] * self.cfg.lag  # restored values are not regenerable
         self.reported = self.n_applied.copy()
         if self.cfg.checkpoint_dir is not None:
-            manager = self._open_manager()
-            for old in manager.steps():
-                if step is None or old > step:
-                    delete_step(manager.directory, old)  # this run's future saves reuse these steps
+            manager = self._open_manager()  # this run's future saves reuse the steps after ``step``
+            manager.delete([old for old in manager.steps() if step is None or old > step])
         self.recovering = False
         return self.n_applied.astype(np.int32)
 

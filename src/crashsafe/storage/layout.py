@@ -1,7 +1,8 @@
 """Names inside a checkpoint directory, and which entries are committed steps.
 
-``step_<12 digits>/`` is a committed step; ``.tmp-*`` is a save in progress (or torn by a crash);
-``.trash-*`` is a step being deleted. Only committed steps are ever read.
+``step_<n>/`` (n zero-padded to at least 12 digits, any int64 step) is a committed step; ``.tmp-*``
+is a save in progress (or torn by a crash); ``.trash-*`` is a step being deleted. Only committed
+steps are ever read.
 """
 
 from __future__ import annotations
@@ -10,13 +11,16 @@ import os
 import re
 from pathlib import Path
 
+from crashsafe.format.manifest import MAX_STEP
+from crashsafe.storage.localdir import LocalDir
+
 __all__ = [
     "LOCK_NAME",
     "TMP_PREFIX",
     "TRASH_PREFIX",
     "committed_steps",
-    "fsync_dir",
     "leftovers",
+    "parse_step_name",
     "step_dir",
     "step_name",
 ]
@@ -24,39 +28,43 @@ __all__ = [
 LOCK_NAME = ".lock"
 TMP_PREFIX = ".tmp-"
 TRASH_PREFIX = ".trash-"
-_STEP = re.compile(r"^step_(\d{12})$")
+_STEP = re.compile(r"^step_(\d{12,19})$")
 
 
 def step_name(step: int) -> str:
+    """``step_000000000042``; steps above 10**12 simply have more digits."""
+    if not 0 <= step <= MAX_STEP:
+        raise ValueError(f"step must be in [0, 2**63 - 1], got {step}")
     return f"step_{step:012d}"
 
 
 def step_dir(root: Path, step: int) -> Path:
+    """The path of a step's directory (for people and tests; crashsafe opens it via LocalDir)."""
     return root / step_name(step)
 
 
-def committed_steps(root: Path) -> list[int]:
-    """Committed steps under ``root``, ascending (empty if ``root`` does not exist)."""
-    try:
-        names = os.listdir(root)
-    except FileNotFoundError:
-        return []
-    return sorted(int(m.group(1)) for n in names if (m := _STEP.match(n)))
+def parse_step_name(name: str) -> int | None:
+    """The step a directory entry names, or None. Only the canonical name of a step counts, so no
+    two entries can claim one step."""
+    m = _STEP.match(name)
+    if m is None:
+        return None
+    step = int(m.group(1))
+    return step if step <= MAX_STEP and step_name(step) == name else None
 
 
-def leftovers(root: Path) -> list[Path]:
-    """Torn saves and half-deleted steps that a writer may remove."""
-    try:
-        names = os.listdir(root)
-    except FileNotFoundError:
-        return []
-    return sorted(root / n for n in names if n.startswith((TMP_PREFIX, TRASH_PREFIX)))
+def committed_steps(root: LocalDir | str | os.PathLike[str]) -> list[int]:
+    """Committed steps under ``root`` (an open directory, or a path: empty if it does not exist)."""
+    if isinstance(root, LocalDir):
+        names = root.names()
+    else:
+        try:
+            names = os.listdir(root)
+        except FileNotFoundError:
+            return []
+    return sorted(s for name in names if (s := parse_step_name(name)) is not None)
 
 
-def fsync_dir(path: Path) -> None:
-    """Make a directory's entries (creations, renames) durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def leftovers(root: LocalDir) -> list[str]:
+    """Names of torn saves and half-deleted steps, which a writer may remove."""
+    return sorted(n for n in root.names() if n.startswith((TMP_PREFIX, TRASH_PREFIX)))

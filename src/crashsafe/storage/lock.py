@@ -5,21 +5,29 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-from pathlib import Path
 
 from crashsafe.errors import LockedError, StorageError
 from crashsafe.storage.layout import LOCK_NAME
+from crashsafe.storage.localdir import LocalDir, UnsafeEntryError
 
 __all__ = ["WriterLock"]
 
 
 class WriterLock:
-    """Exclusive writer lock on ``root/.lock``. A SIGKILLed holder releases it automatically."""
+    """Exclusive writer lock on ``root/.lock``. A SIGKILLed holder releases it automatically.
 
-    def __init__(self, root: Path) -> None:
-        self.path = root / LOCK_NAME
+    The lock file is opened relative to the directory fd without following links: a ``.lock``
+    that is a symlink (or a FIFO, or a directory) is refused, never truncated through.
+    """
+
+    def __init__(self, root: LocalDir) -> None:
+        self.path = root.path / LOCK_NAME
         try:
-            self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            self._fd: int | None = root.open_lock_file(LOCK_NAME)
+        except UnsafeEntryError as exc:
+            raise StorageError(
+                f"refusing the lock file: {exc}. Remove {self.path} (crashsafe recreates it)"
+            ) from None
         except OSError as exc:
             raise StorageError(
                 exc.errno,
@@ -33,7 +41,7 @@ class WriterLock:
             os.close(self._fd)
             self._fd = None
             raise LockedError(
-                f"{root} is being written by another CheckpointManager{holder}. Only one writer "
+                f"{root.path} is being written by another CheckpointManager{holder}. Only one writer "
                 "per directory is allowed: stop the other job, or use another directory. Readers "
                 "can open it with CheckpointManager(..., read_only=True)."
             ) from None
