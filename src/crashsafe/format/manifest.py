@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Collection
+import reprlib
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,14 +35,23 @@ __all__ = [
 FORMAT_NAME = "crashsafe-checkpoint"
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
-MAX_MANIFEST_BYTES = 256 * 1024 * 1024
+MAX_INT64 = 2**63 - 1
+MIN_INT64 = -(2**63)
+MAX_STEP = MAX_INT64  # steps are int64 everywhere (names, JSON, other tools)
+# Parse bounds, checked on the raw bytes before json.loads builds any object (docs/format.md,
+# "Limits"). A state of 150k tensors (a large MoE model with Adam) needs ~63 MiB, 0.53M objects
+# and 3.0M values; the worst manifest within these bounds loads in about 0.9 GiB.
+MAX_MANIFEST_BYTES = 128 * 1024 * 1024
+MAX_JSON_OBJECTS = 1_500_000  # b"{" in the manifest
+MAX_JSON_VALUES = 7_000_000  # b"{" + b"[" + b",": every JSON value but the first follows one of them
 MAX_TREE_DEPTH = 200
 MAX_NDIM = 64
-MAX_STEP = 2**63 - 1  # steps are int64 everywhere (names, JSON, other tools)
 MAX_TREE_NODES = 1_000_000
+MAX_INT_DIGITS = 4300  # Python's default int/str conversion limit
 LEAF_KINDS = frozenset({"torch", "numpy", "npscalar", "bytes"})
-_FILE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
-_HEX64 = re.compile(r"^[0-9a-f]{16}$")
+_FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+_HEX64 = re.compile(r"[0-9a-f]{16}")
+_INT_TEXT = re.compile(rf"-?[0-9]{{1,{MAX_INT_DIGITS}}}")
 
 
 @dataclass(frozen=True)
@@ -127,33 +137,31 @@ def dumps(manifest: Manifest) -> bytes:
 
 
 def loads(data: bytes, where: str = "manifest") -> Manifest:
-    """Parse, checksum and validate a manifest; raise CorruptCheckpointError naming the damage."""
-    if len(data) > MAX_MANIFEST_BYTES:
-        raise _bad(where, f"is {len(data)} bytes, larger than the {MAX_MANIFEST_BYTES} allowed")
-    try:
-        body = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise _bad(where, f"is not valid JSON ({exc})") from None
-    if not isinstance(body, dict):
-        raise _bad(where, "is not a JSON object")
+    """Parse, checksum and validate a manifest; raise CorruptCheckpointError naming the damage.
+
+    Bounded work on any bytes: the size and the number of JSON objects and values are checked on
+    the raw bytes before ``json.loads`` builds anything, and every number is bounded as it is parsed.
+    """
+    _check_bounds(data, where)
+    body = _parse(data, where)
     claimed = body.pop("checksum", None)
     if body.get("format") != FORMAT_NAME:
-        raise _bad(where, f"is not a crashsafe manifest (format={body.get('format')!r})")
+        raise _bad(where, f"is not a crashsafe manifest (format={_show(body.get('format'))})")
     version = body.get("version")
-    if not isinstance(version, int) or version > FORMAT_VERSION or version < 1:
+    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= FORMAT_VERSION:
         raise _bad(
             where,
-            f"has format version {version!r}; this crashsafe reads version "
+            f"has format version {_show(version)}; this crashsafe reads version "
             f"{FORMAT_VERSION}. Upgrade crashsafe to read it",
         )
     try:
         actual = xxhash.xxh3_64_hexdigest(_canonical(body))
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise _bad(where, f"holds values JSON cannot represent ({exc})") from None
     if claimed != actual:
         raise _bad(
             where,
-            f"checksum mismatch (stored {claimed!r}, computed {actual!r}): the "
+            f"checksum mismatch (stored {_show(claimed)}, computed {actual!r}): the "
             "manifest was modified or damaged",
         )
     return _validate(body, where)
@@ -161,8 +169,8 @@ def loads(data: bytes, where: str = "manifest") -> Manifest:
 
 def validate_file_name(name: object) -> str:
     """A data-file name safe to join to a step directory: no separators, no ``..``."""
-    if not isinstance(name, str) or not _FILE_NAME.match(name) or ".." in name:
-        raise CorruptCheckpointError(f"unsafe or invalid data file name {name!r} in manifest")
+    if not isinstance(name, str) or not _FILE_NAME.fullmatch(name) or ".." in name:
+        raise CorruptCheckpointError(f"unsafe or invalid data file name {_show(name)} in manifest")
     return name
 
 
@@ -170,148 +178,293 @@ def _bad(where: str, what: str) -> CorruptCheckpointError:
     return CorruptCheckpointError(f"{where} {what}")
 
 
+class _ShortRepr(reprlib.Repr):
+    """Reprs cut to a line; ints too long for ``repr()`` are described, not printed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.maxlevel, self.maxdict, self.maxlist = 2, 4, 4
+        self.maxstring = self.maxother = 80
+        self.maxlong = 40
+
+    def repr_int(self, x: int, level: int) -> str:
+        if x.bit_length() > 1000:
+            return f"<an integer of {x.bit_length()} bits>"
+        return super().repr_int(x, level)
+
+
+_SHORT = _ShortRepr()
+
+
+def _show(value: object) -> str:
+    """A short repr of an untrusted value (a forged one may be megabytes long)."""
+    return _SHORT.repr(value)
+
+
+def _check_bounds(data: bytes, where: str) -> None:
+    """Refuse bytes that would make ``json.loads`` build more than a legitimate manifest needs."""
+    limit = "; it is damaged or forged, or its state is too large for one manifest (docs/format.md, Limits)"
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise _bad(where, f"is {len(data)} bytes, more than the {MAX_MANIFEST_BYTES} allowed{limit}")
+    objects = data.count(b"{")
+    if objects > MAX_JSON_OBJECTS:
+        raise _bad(where, f"holds {objects} JSON objects, more than the {MAX_JSON_OBJECTS} allowed{limit}")
+    values = objects + data.count(b"[") + data.count(b",")
+    if values > MAX_JSON_VALUES:
+        raise _bad(where, f"holds {values} JSON values, more than the {MAX_JSON_VALUES} allowed{limit}")
+
+
+def _parse(data: bytes, where: str) -> dict[str, Any]:
+    """The JSON object in ``data``: UTF-8, int64 integers, finite floats, no NaN or Infinity."""
+    try:
+        body = json.loads(
+            data.decode("utf-8"), parse_int=_json_int, parse_float=_json_float, parse_constant=_json_constant
+        )
+    except RecursionError:
+        raise _bad(where, "nests JSON too deeply to be read") from None
+    except ValueError as exc:  # syntax, encoding, or a number the hooks refuse
+        raise _bad(where, f"is not valid JSON ({exc})") from None
+    if not isinstance(body, dict):
+        raise _bad(where, "is not a JSON object")
+    return body
+
+
+def _json_int(text: str) -> int:
+    """Every integer in a manifest is an int64; longer digit strings are refused before ``int()``."""
+    if len(text) <= 20:
+        value = int(text)
+        if MIN_INT64 <= value <= MAX_INT64:
+            return value
+    raise ValueError(f"integer {_show(text)} ({len(text)} characters) is not an int64")
+
+
+def _json_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"number {_show(text)} is out of the float64 range")
+    return value
+
+
+def _json_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number")
+
+
 def _member(value: object, allowed: Collection[str]) -> bool:
     """``value in allowed`` for untrusted values (a list would make ``in`` raise TypeError)."""
     return isinstance(value, str) and value in allowed
 
 
-def _int(value: object, what: str, where: str, minimum: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise _bad(where, f"has invalid {what}: {value!r}")
+def _int(value: object, what: str, where: str, minimum: int = 0, maximum: int = MAX_INT64) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        raise _bad(where, f"has invalid {what}: {_show(value)}")
     return value
 
 
+_FIELDS = frozenset({"format", "version", "step", "created", "metrics", "info", "files", "payloads", "tree"})
+
+
 def _validate(body: dict[str, Any], where: str) -> Manifest:
-    expected = {"format", "version", "step", "created", "metrics", "info", "files", "payloads", "tree"}
-    if set(body) != expected:
-        raise _bad(where, f"has unexpected fields {sorted(set(body) ^ expected)}")
+    if body.keys() != _FIELDS:
+        raise _bad(where, f"has unexpected fields {_show(sorted(body.keys() ^ _FIELDS))}")
     step = _int(body["step"], "step", where)
     created = body["created"]
-    if not isinstance(created, (int, float)):
-        raise _bad(where, "has an invalid creation time")
-    for name in ("metrics", "info"):
-        if not isinstance(body[name], dict):
-            raise _bad(where, f"has invalid {name}")
-    files_raw = body["files"]
-    if not isinstance(files_raw, dict):
-        raise _bad(where, "has an invalid file table")
-    files: dict[str, int] = {}
-    for name, size in files_raw.items():
-        try:
-            files[validate_file_name(name)] = _int(size, f"size of {name!r}", where)
-        except CorruptCheckpointError as exc:
-            raise _bad(where, str(exc)) from None
+    if isinstance(created, bool) or not isinstance(created, (int, float)):  # the parser keeps it finite
+        raise _bad(where, f"has an invalid creation time {_show(created)}")
+    metrics = _flat(body["metrics"], "metrics", where)
+    info = _flat(body["info"], "info", where)
+    files = _files(body["files"], where)
     if not isinstance(body["payloads"], list):
         raise _bad(where, "has an invalid payload table")
     payloads = tuple(_payload(p, files, step, where) for p in body["payloads"])
+    _unique_paths(payloads, where)
     tree = body["tree"]
     validate_tree(tree, len(payloads), where)
-    return Manifest(step, float(created), tree, payloads, files, body["metrics"], body["info"])
+    return Manifest(step, float(created), tree, payloads, files, metrics, info)
+
+
+def _flat(value: object, name: str, where: str) -> dict[str, Any]:
+    """``metrics`` and ``info``: flat objects of JSON scalars, which is all the writer puts there."""
+    scalars = (str, int, float, type(None))
+    if not isinstance(value, dict) or not all(isinstance(v, scalars) for v in value.values()):
+        raise _bad(where, f"has invalid {name} {_show(value)}: want an object of numbers, strings or null")
+    return value
+
+
+def _files(raw: object, where: str) -> dict[str, int]:
+    if not isinstance(raw, dict):
+        raise _bad(where, "has an invalid file table")
+    files: dict[str, int] = {}
+    for name, size in raw.items():
+        try:
+            validate_file_name(name)
+        except CorruptCheckpointError as exc:
+            raise _bad(where, str(exc)) from None
+        files[name] = _int(size, f"size of {name!r}", where)
+    return files
+
+
+_PAYLOAD_FIELDS = frozenset({"path", "kind", "dtype", "shape", "file", "offset", "nbytes", "xxh3", "codec"})
+_DELTA_FIELDS = _PAYLOAD_FIELDS | {"base"}
 
 
 def _payload(raw: object, files: dict[str, int], step: int, where: str) -> PayloadEntry:
-    fields = {"path", "kind", "dtype", "shape", "file", "offset", "nbytes", "xxh3", "codec"}
-    if not isinstance(raw, dict) or set(raw) - {"base"} != fields:
-        raise _bad(where, f"has a malformed payload entry {str(raw)[:200]}")
+    if not isinstance(raw, dict) or (raw.keys() != _PAYLOAD_FIELDS and raw.keys() != _DELTA_FIELDS):
+        raise _bad(where, f"has a malformed payload entry {_show(raw)}")
     path = raw["path"]
     if not isinstance(path, str):
         raise _bad(where, "has a payload with a non-string path")
-    at = f"payload '{path}'"
-    if not _member(raw["kind"], LEAF_KINDS):
-        raise _bad(where, f"{at}: unknown kind {raw['kind']!r}")
-    if not _member(raw["dtype"], DTYPES):
-        raise _bad(where, f"{at}: unknown dtype {raw['dtype']!r}")
-    shape = raw["shape"]
-    if not isinstance(shape, list) or len(shape) > MAX_NDIM:
-        raise _bad(where, f"{at}: invalid shape {shape!r}")
-    dims = tuple(_int(d, f"{at} dimension", where) for d in shape)
+    at = f"payload {_show(path)}"
+    kind, dtype = raw["kind"], raw["dtype"]
+    if not _member(kind, LEAF_KINDS):
+        raise _bad(where, f"{at}: unknown kind {_show(kind)}")
+    if not _member(dtype, DTYPES):
+        raise _bad(where, f"{at}: unknown dtype {_show(dtype)}")
+    shape = _shape(raw["shape"], DTYPES[dtype].itemsize, at, where)
     file = raw["file"]
     if not _member(file, files):
-        raise _bad(where, f"{at}: refers to file {file!r} that is not in the file table")
+        raise _bad(where, f"{at}: refers to file {_show(file)} that is not in the file table")
     offset = _int(raw["offset"], f"{at} offset", where)
     nbytes = _int(raw["nbytes"], f"{at} size", where)
-    if offset + nbytes > files[file]:
+    if offset + nbytes > files[file]:  # file sizes are int64, so the range is too
         raise _bad(where, f"{at}: bytes {offset}..{offset + nbytes} lie outside {file} ({files[file]} bytes)")
-    if not isinstance(raw["xxh3"], str) or not _HEX64.match(raw["xxh3"]):
-        raise _bad(where, f"{at}: invalid checksum {raw['xxh3']!r}")
+    xxh3 = raw["xxh3"]
+    if not isinstance(xxh3, str) or not _HEX64.fullmatch(xxh3):
+        raise _bad(where, f"{at}: invalid checksum {_show(xxh3)}")
     codec = raw["codec"]
     if not isinstance(codec, dict) or not isinstance(codec.get("id"), str):
-        raise _bad(where, f"{at}: invalid codec config {codec!r}")
+        raise _bad(where, f"{at}: invalid codec config {_show(codec)}")
     base = _int(raw["base"], f"{at} base step", where) if "base" in raw else None
     if base is not None and base >= step:
         raise _bad(where, f"{at}: is a delta against step {base}, which is not earlier than step {step}")
-    return PayloadEntry(path, raw["kind"], raw["dtype"], dims, file, offset, nbytes, raw["xxh3"], codec, base)
+    return PayloadEntry(path, kind, dtype, shape, file, offset, nbytes, xxh3, codec, base)
 
 
-_NODE_FIELDS: dict[str, set[str]] = {
-    "none": {"t"},
-    "bool": {"t", "v"},
-    "int": {"t", "v"},
-    "float": {"t", "v"},
-    "str": {"t", "v"},
-    "array": {"t", "id"},
-    "dict": {"t", "keys", "vals"},
-    "list": {"t", "items"},
-    "tuple": {"t", "items"},
-    "stateful": {"t", "class", "value"},
+def _shape(raw: object, itemsize: int, at: str, where: str) -> tuple[int, ...]:
+    """Dimensions whose array numpy can hold: at most MAX_NDIM, at most MAX_INT64 bytes in all
+    (zero dimensions aside, as numpy counts them), computed exactly rather than in wrapping int64."""
+    if not isinstance(raw, list) or len(raw) > MAX_NDIM:
+        raise _bad(where, f"{at}: invalid shape {_show(raw)}")
+    dims = tuple(_int(d, f"{at} dimension", where) for d in raw)
+    if math.prod(max(d, 1) for d in dims) * itemsize > MAX_INT64:
+        raise _bad(where, f"{at}: shape {_show(list(dims))} declares more than {MAX_INT64} bytes")
+    return dims
+
+
+def _unique_paths(payloads: tuple[PayloadEntry, ...], where: str) -> None:
+    seen: set[str] = set()
+    for p in payloads:
+        if p.path in seen:
+            raise _bad(where, f"has two payloads with path {_show(p.path)}")
+        seen.add(p.path)
+
+
+def _is_bool(v: object) -> bool:
+    return isinstance(v, bool)
+
+
+def _is_str(v: object) -> bool:
+    return isinstance(v, str)
+
+
+def _is_int_text(v: object) -> bool:
+    """Canonical decimal only: ``int()`` would also take " 1_0 " or more digits than it prints."""
+    return isinstance(v, str) and _INT_TEXT.fullmatch(v) is not None
+
+
+def _is_float_text(v: object) -> bool:
+    if not isinstance(v, str):
+        return False
+    try:
+        float.fromhex(v)
+    except (ValueError, OverflowError):  # "0x1p99999" overflows
+        return False
+    return True
+
+
+_NODE_FIELDS: dict[str, frozenset[str]] = {
+    "none": frozenset({"t"}),
+    "bool": frozenset({"t", "v"}),
+    "int": frozenset({"t", "v"}),
+    "float": frozenset({"t", "v"}),
+    "str": frozenset({"t", "v"}),
+    "array": frozenset({"t", "id"}),
+    "dict": frozenset({"t", "keys", "vals"}),
+    "list": frozenset({"t", "items"}),
+    "tuple": frozenset({"t", "items"}),
+    "stateful": frozenset({"t", "class", "value"}),
 }
-_SCALAR_TYPES: dict[str, type] = {"bool": bool, "int": str, "float": str, "str": str}
+_SCALAR_VALUES: dict[str, Callable[[object], bool]] = {
+    "bool": _is_bool,
+    "int": _is_int_text,
+    "float": _is_float_text,
+    "str": _is_str,
+}
 
 
 def validate_tree(tree: object, n_payloads: int, where: str = "state tree") -> None:
     """Raise CorruptCheckpointError unless ``tree`` is a state tree the reader accepts, using each
     of ``n_payloads`` arrays exactly once. The writer runs it too, so what saves also loads."""
-    used: set[int] = set()
-    nodes = [0]
-    _validate_tree(tree, n_payloads, used, 0, where, nodes)
-    if len(used) != n_payloads:
+    check = _TreeCheck(n_payloads, where)
+    check.node(tree, 0)
+    if len(check.used) != n_payloads:
         raise _bad(where, "lists payloads that its tree never uses")
 
 
-def _validate_tree(
-    node: object, n_payloads: int, used: set[int], depth: int, where: str, nodes: list[int]
-) -> None:
-    nodes[0] += 1
-    if nodes[0] > MAX_TREE_NODES:
-        raise _bad(where, f"has more than {MAX_TREE_NODES} tree nodes")
-    if depth > MAX_TREE_DEPTH:
-        raise _bad(where, f"has a state tree deeper than {MAX_TREE_DEPTH}")
-    if not isinstance(node, dict) or not isinstance(node.get("t"), str) or node["t"] not in _NODE_FIELDS:
-        raise _bad(where, f"has an invalid tree node {str(node)[:200]}")
-    t = node["t"]
-    if set(node) != _NODE_FIELDS[t]:
-        raise _bad(where, f"has a malformed {t!r} tree node")
-    if t in _SCALAR_TYPES:
-        if not isinstance(node["v"], _SCALAR_TYPES[t]):
-            raise _bad(where, f"has a malformed {t!r} value")
-        try:
-            if t == "int":
-                int(str(node["v"]))
-            elif t == "float":
-                float.fromhex(str(node["v"]))
-        except ValueError:
-            raise _bad(where, f"has a malformed {t!r} value {node['v']!r}") from None
-    elif t == "array":
-        idx = _int(node["id"], "array id", where)
-        if idx >= n_payloads or idx in used:
-            raise _bad(where, f"has an array id {idx} that is out of range or used twice")
-        used.add(idx)
-    elif t == "dict":
-        keys, vals = node["keys"], node["vals"]
-        if not isinstance(keys, list) or not isinstance(vals, list) or len(keys) != len(vals):
-            raise _bad(where, "has a malformed dict node")
-        if any(isinstance(k, bool) or not isinstance(k, (str, int)) for k in keys):
-            raise _bad(where, "has a dict key that is not a str or int")
-        if len(set(keys)) != len(keys):
-            raise _bad(where, "has a dict node with duplicate keys")
-        for v in vals:
-            _validate_tree(v, n_payloads, used, depth + 1, where, nodes)
-    elif t in ("list", "tuple"):
-        if not isinstance(node["items"], list):
-            raise _bad(where, f"has a malformed {t} node")
-        for v in node["items"]:
-            _validate_tree(v, n_payloads, used, depth + 1, where, nodes)
-    elif t == "stateful":
-        if not isinstance(node["class"], str):
-            raise _bad(where, "has a malformed stateful node")
-        _validate_tree(node["value"], n_payloads, used, depth + 1, where, nodes)
+class _TreeCheck:
+    """One walk over a tree: counts nodes (at most MAX_TREE_NODES), records the arrays used."""
+
+    def __init__(self, n_payloads: int, where: str) -> None:
+        self.n_payloads = n_payloads
+        self.where = where
+        self.used: set[int] = set()
+        self.nodes = 0
+
+    def node(self, node: object, depth: int) -> None:
+        self.nodes += 1
+        if self.nodes > MAX_TREE_NODES:
+            raise _bad(self.where, f"has more than {MAX_TREE_NODES} tree nodes")
+        if depth > MAX_TREE_DEPTH:
+            raise _bad(self.where, f"has a state tree deeper than {MAX_TREE_DEPTH}")
+        t = node.get("t") if isinstance(node, dict) else None
+        if not isinstance(t, str) or t not in _NODE_FIELDS:
+            raise _bad(self.where, f"has an invalid tree node {_show(node)}")
+        assert isinstance(node, dict)
+        if node.keys() != _NODE_FIELDS[t]:
+            raise _bad(self.where, f"has a malformed {t!r} tree node")
+        if t == "array":
+            self.array(node["id"])
+        elif t in _SCALAR_VALUES:
+            if not _SCALAR_VALUES[t](node["v"]):
+                raise _bad(self.where, f"has a malformed {t!r} value {_show(node['v'])}")
+        elif t == "dict":
+            for child in _dict_values(node["keys"], node["vals"], self.where):
+                self.node(child, depth + 1)
+        elif t == "stateful":
+            if not isinstance(node["class"], str):
+                raise _bad(self.where, "has a malformed stateful node")
+            self.node(node["value"], depth + 1)
+        elif t in ("list", "tuple"):
+            if not isinstance(node["items"], list):
+                raise _bad(self.where, f"has a malformed {t} node")
+            for child in node["items"]:
+                self.node(child, depth + 1)
+
+    def array(self, node_id: object) -> None:
+        idx = _int(node_id, "array id", self.where)
+        if idx >= self.n_payloads or idx in self.used:
+            raise _bad(self.where, f"has an array id {_show(idx)} that is out of range or used twice")
+        self.used.add(idx)
+
+
+def _dict_values(keys: object, vals: object, where: str) -> list[object]:
+    """The values of a dict node whose keys are unique strs or int64 ints."""
+    if not isinstance(keys, list) or not isinstance(vals, list) or len(keys) != len(vals):
+        raise _bad(where, "has a malformed dict node")
+    for k in keys:
+        if not isinstance(k, str) and (
+            isinstance(k, bool) or not isinstance(k, int) or not MIN_INT64 <= k <= MAX_INT64
+        ):
+            raise _bad(where, f"has a dict key {_show(k)} that is not a str or an int64")
+    if len(set(keys)) != len(keys):
+        raise _bad(where, "has a dict node with duplicate keys")
+    return vals
