@@ -115,10 +115,7 @@ class ChainReader:
             try:
                 yield entry, self._payload(step, entry, verify_only)
             except (CorruptCheckpointError, NoCheckpointError):
-                if not target.still_committed():
-                    raise NoCheckpointError(
-                        f"step {step} was deleted (by retention?) while it was read; read another step"
-                    ) from None
+                target.raise_if_vanished()
                 raise
 
     def _payload(self, step: int, entry: PayloadEntry, verify_only: bool) -> Any:

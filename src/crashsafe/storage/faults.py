@@ -1,7 +1,8 @@
 """Named points of the commit protocol where tests kill the process for real.
 
 A test child process calls :func:`arm` (or sets ``CRASHSAFE_KILL_AT=<point>`` in its environment)
-and SIGKILLs itself when it reaches that point. Unarmed (always, outside tests) this costs one string
+and SIGKILLs itself when it reaches that point (``<point>:<n>``: the n-th time it gets there, to
+aim at one deletion among many). Unarmed (always, outside tests) this costs one string
 comparison.
 """
 
@@ -24,22 +25,26 @@ COMMIT_POINTS = (
     "mid_delete",
 )
 
-_KILL_AT = os.environ.get("CRASHSAFE_KILL_AT")
-SHELF_ARMED = (_KILL_AT or "").startswith("shelf_")  # the shelf's hot paths test this, not reached()
+_KILL_AT, _, _NTH = (os.environ.get("CRASHSAFE_KILL_AT") or "").partition(":")
+_LEFT = int(_NTH or 1)  # arrivals at _KILL_AT before the one that dies
+SHELF_ARMED = _KILL_AT.startswith("shelf_")  # the shelf's hot paths test this, not reached()
 
 
-def arm(point: str | None) -> None:
-    """Make this process SIGKILL itself at ``point`` (None disarms)."""
-    global _KILL_AT
+def arm(point: str | None, nth: int = 1) -> None:
+    """Make this process SIGKILL itself the ``nth`` time it reaches ``point`` (None disarms)."""
+    global _KILL_AT, _LEFT
     if point is not None and point not in COMMIT_POINTS:
         raise ValueError(f"unknown commit point {point!r}; known: {', '.join(COMMIT_POINTS)}")
-    _KILL_AT = point
+    _KILL_AT, _LEFT = point or "", nth
 
 
 def reached(point: str) -> None:
     """Mark that the protocol reached ``point``; die here if a test asked for it."""
+    global _LEFT
     if point == _KILL_AT:
-        os.kill(os.getpid(), signal.SIGKILL)
+        _LEFT -= 1
+        if _LEFT == 0:
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 def write_in_halves(buf: memoryview, at: int, data: bytes, point: str) -> None:

@@ -195,28 +195,38 @@ class LocalDir:
     # ------------------------------------------------------------------------- refusals
 
     def _unsafe(self, name: str, exc: OSError) -> Exception:
-        """Translate the errno of a refused open into an error naming what the entry really is."""
-        if exc.errno in (errno.ELOOP, errno.EMLINK):
+        """Translate a refused open into an error naming what the entry really is."""
+        if exc.errno not in (errno.ELOOP, errno.EMLINK, errno.ENOTDIR, errno.EISDIR):
+            return exc
+        try:
+            mode = os.stat(name, dir_fd=self.fd, follow_symlinks=False).st_mode
+        except OSError:
+            return exc
+        if stat.S_ISLNK(mode):
             return UnsafeEntryError(
                 f"{self.path / name} is a symbolic link; crashsafe never follows links inside a checkpoint "
                 "directory (they could lead to another run or a system file). Replace it with the real "
                 "file or directory"
             )
-        if exc.errno in (errno.ENOTDIR, errno.EISDIR):
-            kind = "is not a directory" if exc.errno == errno.ENOTDIR else "is a directory, not a file"
-            return UnsafeEntryError(f"{self.path / name} {kind}")
-        return exc
+        wanted = "a directory" if exc.errno == errno.ENOTDIR else "a regular file"
+        return UnsafeEntryError(f"{self.path / name} is {_kind(mode)}, not {wanted}")
 
     def _require_regular(self, name: str, mode: int) -> None:
         if not stat.S_ISREG(mode):
-            kind = (
-                "a FIFO"
-                if stat.S_ISFIFO(mode)
-                else "a directory"
-                if stat.S_ISDIR(mode)
-                else "a device or socket"
-            )
             raise UnsafeEntryError(
-                f"{self.path / name} is {kind}, not a regular file; crashsafe reads only regular files "
-                "in a checkpoint directory"
+                f"{self.path / name} is {_kind(mode)}, not a regular file; crashsafe reads only regular "
+                "files in a checkpoint directory"
             )
+
+
+def _kind(mode: int) -> str:
+    """What a file mode describes, in words."""
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISREG(mode):
+        return "a regular file"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    return "a device or socket"

@@ -59,7 +59,20 @@ def _manifest_in(directory: LocalDir, step: int, where: str) -> Manifest:
 def read_manifest(root: LocalDir, step: int) -> Manifest:
     """The validated manifest of a committed step."""
     with open_step(root, step) as directory:
-        return _manifest_in(directory, step, f"checkpoint step {step} ({directory.path})")
+        try:
+            return _manifest_in(directory, step, f"checkpoint step {step} ({directory.path})")
+        except CorruptCheckpointError:
+            _raise_if_vanished(root, directory, step)
+            raise
+
+
+def _raise_if_vanished(root: LocalDir, directory: LocalDir, step: int) -> None:
+    """Raise NoCheckpointError if ``directory`` is no longer the committed step ``step``: a writer
+    deleted it while it was read (its files go one by one), which is not damage."""
+    if root.entry_identity(step_name(step)) != directory.identity:
+        raise NoCheckpointError(
+            f"step {step} was deleted (by retention?) while it was read; read another step"
+        )
 
 
 class StepReader:
@@ -81,6 +94,12 @@ class StepReader:
                         f"{self.where}: {name} is {actual} bytes but the manifest says {size} "
                         f"({'truncated' if actual < size else 'extended'})"
                     )
+        except CorruptCheckpointError:
+            try:
+                _raise_if_vanished(root, self.dir, step)
+                raise
+            finally:
+                self.close()
         except BaseException:
             self.close()
             raise
@@ -97,10 +116,10 @@ class StepReader:
                 f"{self.where}: {name} cannot be read ({exc.strerror or exc})"
             ) from None
 
-    def still_committed(self) -> bool:
-        """Whether the step read here is still the committed step of its name (retention may have
-        deleted it while it was read: then errors about its files are not damage)."""
-        return self.root.entry_identity(step_name(self.step)) == self.dir.identity
+    def raise_if_vanished(self) -> None:
+        """Raise NoCheckpointError if the step read here was deleted meanwhile (by retention):
+        then errors about its files are not damage."""
+        _raise_if_vanished(self.root, self.dir, self.step)
 
     def read_stored(self, entry: PayloadEntry) -> np.ndarray[Any, Any]:
         """The stored (encoded) bytes of a payload, checksum-verified."""

@@ -1,0 +1,224 @@
+"""Hostile directory contents, made for real: symlinks out of the checkpoint, FIFOs, directories
+where files belong, and a checkpoint directory deleted under its writer. crashsafe must never read,
+write or delete outside the directory, never hang, and keep falling back to intact steps."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+import crashsafe as cs
+from crashsafe.cli.app import app
+from crashsafe.storage.layout import step_dir
+
+runner = CliRunner()
+
+
+def _state(step: int) -> dict[str, Any]:
+    return {"w": np.full(64, float(step)), "step": step}
+
+
+def _run(directory: Path, steps: range, **kwargs: Any) -> None:
+    with cs.CheckpointManager(directory, keep_last=None, async_save=False, **kwargs) as mgr:
+        for step in steps:
+            mgr.save(step, _state(step))
+
+
+@pytest.fixture
+def victim(tmp_path: Path) -> Path:
+    """Files outside the checkpoint directory that crashsafe must never touch."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    for name in ("data.bin", "manifest.json", "precious.txt"):
+        (outside / name).write_bytes(b"not yours " * 100)
+    return outside
+
+
+def _untouched(victim: Path) -> None:
+    assert sorted(p.name for p in victim.iterdir()) == ["data.bin", "manifest.json", "precious.txt"]
+    assert all(p.read_bytes() == b"not yours " * 100 for p in victim.iterdir())
+
+
+def _within(seconds: float, fn: Callable[[], Any]) -> Any:
+    """Run ``fn`` in a thread; fail (instead of hanging the suite) if it blocks."""
+    result: list[Any] = []
+    error: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            result.append(fn())
+        except BaseException as exc:
+            error.append(exc)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"blocked for more than {seconds} s"
+    if error:
+        raise error[0]
+    return result[0]
+
+
+# ----------------------------------------------------------------------------- symlinked steps
+
+
+def test_retention_deletes_a_symlinked_step_not_its_target(tmp_path: Path, victim: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    _run(ckpt, range(1, 3))
+    os.symlink(victim, step_dir(ckpt, 0))  # the oldest "step" is a link to someone else's files
+    with cs.CheckpointManager(ckpt, keep_last=2, async_save=False) as mgr:
+        mgr.save(3, _state(3))
+        assert mgr.steps() == [2, 3]
+    _untouched(victim)
+    assert not any(p.is_symlink() for p in ckpt.iterdir())
+
+
+def test_gc_deletes_a_symlinked_step_not_its_target(tmp_path: Path, victim: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    _run(ckpt, range(1, 4))
+    os.symlink(victim, step_dir(ckpt, 0))
+    os.symlink(victim, ckpt / ".trash-step_000000000009-deadbeef")  # a "leftover" link too
+    result = runner.invoke(app, ["gc", str(ckpt), "--keep-last", "1"])
+    assert result.exit_code == 0, result.output
+    _untouched(victim)
+    assert sorted(p.name for p in ckpt.iterdir()) == [".lock", "step_000000000003"]
+
+
+def test_gc_delete_damaged_unlinks_a_symlinked_newest_step(tmp_path: Path, victim: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    _run(ckpt, range(1, 3))
+    os.symlink(victim, step_dir(ckpt, 7))
+    result = runner.invoke(app, ["gc", str(ckpt), "--keep-last", "5", "--delete-damaged"])
+    assert result.exit_code == 0, result.output
+    _untouched(victim)
+    assert cs.CheckpointManager(ckpt, read_only=True).steps() == [1, 2]
+
+
+def test_a_step_symlinked_to_another_runs_intact_step_is_damage(tmp_path: Path) -> None:
+    """Even with matching checksums, a linked step is not read: restore falls back, export refuses."""
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    _run(ours, range(1, 3))
+    _run(theirs, range(1, 10))
+    os.symlink(step_dir(theirs, 9), step_dir(ours, 9))
+    reader = cs.CheckpointManager(ours, read_only=True)
+    live = _state(0)
+    with pytest.warns(cs.CorruptCheckpointWarning, match="symbolic link"):
+        assert reader.restore(live) == 2
+    assert live["step"] == 2 and np.all(live["w"] == 2.0)
+    with pytest.raises(cs.CorruptCheckpointError, match="symbolic link") as info:
+        reader.load(9)
+    assert str(step_dir(theirs, 9)) not in str(info.value)  # the target is not revealed
+    report = cs.verify(ours)
+    assert report.intact == [1, 2] and [d.step for d in report.damaged] == [9]
+    out = tmp_path / "out.safetensors"
+    result = runner.invoke(app, ["export", str(ours), "--step", "9", "-o", str(out)])
+    assert result.exit_code == 2 and "symbolic link" in result.output
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("name", ["data.bin", "manifest.json"])
+def test_a_file_symlinked_out_of_its_step_is_damage(tmp_path: Path, name: str) -> None:
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    _run(ours, range(1, 3))
+    shutil.copytree(ours, theirs)
+    (step_dir(ours, 2) / name).unlink()
+    os.symlink(step_dir(theirs, 2) / name, step_dir(ours, 2) / name)  # same bytes, checksums match
+    reader = cs.CheckpointManager(ours, read_only=True)
+    with pytest.warns(cs.CorruptCheckpointWarning, match=f"{name} is a symbolic link"):
+        assert reader.load()["step"] == 1
+    assert [d.step for d in cs.verify(ours).damaged] == [2]
+
+
+def test_a_symlinked_lock_file_is_refused_and_its_target_untouched(tmp_path: Path, victim: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    os.symlink(victim / "precious.txt", ckpt / ".lock")
+    with pytest.raises(cs.StorageError, match="symbolic link"):
+        cs.CheckpointManager(ckpt)
+    _untouched(victim)
+    result = runner.invoke(app, ["gc", str(ckpt)])
+    assert result.exit_code == 2 and "symbolic link" in result.output
+    _untouched(victim)
+
+
+# ----------------------------------------------------------------------------- special files
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", ["manifest.json", "data.bin"])
+def test_a_fifo_in_a_step_never_blocks(tmp_path: Path, name: str) -> None:
+    ckpt = tmp_path / "ckpt"
+    _run(ckpt, range(1, 3))
+    (step_dir(ckpt, 2) / name).unlink()
+    os.mkfifo(step_dir(ckpt, 2) / name)
+    reader = cs.CheckpointManager(ckpt, read_only=True)
+    live = _state(0)
+    with pytest.warns(cs.CorruptCheckpointWarning, match="FIFO"):
+        assert _within(10, lambda: reader.restore(live)) == 1
+    assert live["step"] == 1
+    with pytest.raises(cs.CorruptCheckpointError, match="FIFO"):
+        _within(10, lambda: reader.load(2))
+    report = _within(10, lambda: cs.verify(ckpt))
+    assert [d.step for d in report.damaged] == [2] and "FIFO" in (report.damaged[0].problem or "")
+    result = _within(10, lambda: runner.invoke(app, ["verify", str(ckpt)]))
+    assert result.exit_code == 1
+
+
+@pytest.mark.parametrize("name", ["manifest.json", "data.bin"])
+def test_a_directory_where_a_file_belongs_is_damage(tmp_path: Path, name: str) -> None:
+    ckpt = tmp_path / "ckpt"
+    _run(ckpt, range(1, 3))
+    (step_dir(ckpt, 2) / name).unlink()
+    (step_dir(ckpt, 2) / name).mkdir()
+    reader = cs.CheckpointManager(ckpt, read_only=True)
+    with pytest.warns(cs.CorruptCheckpointWarning, match="directory"):
+        assert reader.load()["step"] == 1
+
+
+def test_a_file_where_a_step_directory_belongs_is_damage(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    _run(ckpt, range(1, 3))
+    step_dir(ckpt, 5).write_bytes(b"{}")
+    with pytest.warns(cs.CorruptCheckpointWarning, match="not a directory"):
+        assert cs.CheckpointManager(ckpt, read_only=True).load()["step"] == 2
+
+
+# ----------------------------------------------------------------------------- the directory itself
+
+
+@pytest.mark.parametrize("async_save", [True, False])
+def test_a_directory_deleted_under_its_writer_stops_it(tmp_path: Path, async_save: bool) -> None:
+    ckpt = tmp_path / "ckpt"
+    mgr = cs.CheckpointManager(ckpt, async_save=async_save)
+    mgr.save(1, _state(1))
+    mgr.wait()
+    shutil.rmtree(ckpt)
+    with pytest.raises(cs.StorageError, match="deleted or replaced") as info:
+        mgr.save(2, _state(2))
+    assert "intact" not in str(info.value)  # the old message claimed the (deleted) steps were intact
+    ckpt.mkdir()  # recreated: a second writer gets its own lock ...
+    with cs.CheckpointManager(ckpt, keep_last=None, async_save=False) as second:
+        second.save(10, _state(10))
+        with pytest.raises(cs.StorageError, match="deleted or replaced"):
+            mgr.save(3, _state(3))  # ... and the first one never writes into the new directory
+        assert second.steps() == [10]
+    assert sorted(p.name for p in ckpt.iterdir()) == [".lock", "step_000000000010"]
+    mgr.close()
+
+
+def test_a_reader_follows_a_replaced_directory(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    _run(ckpt, range(1, 3))
+    reader = cs.CheckpointManager(ckpt, read_only=True)
+    assert reader.steps() == [1, 2]
+    shutil.rmtree(ckpt)
+    _run(ckpt, range(5, 7))
+    assert reader.steps() == [5, 6] and reader.load()["step"] == 6
