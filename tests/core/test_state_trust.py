@@ -343,6 +343,21 @@ def test_fresh_lazy_module_restores_from_a_trained_one(tmp_path: Path, async_sav
         assert torch.equal(fresh(x), trained(x))
 
 
+def test_restore_gives_modules_their_state_dict_versions(tmp_path: Path) -> None:
+    """A checkpoint holds no state_dict version metadata; without it torch 'upgrades' the state as if
+    it predated versioning, and a quantization observer silently resets its eps to the default."""
+    from torch.ao.quantization import MinMaxObserver
+
+    observer = MinMaxObserver(eps=1e-3)
+    observer(torch.randn(16))
+    with cs.CheckpointManager(tmp_path) as mgr:
+        mgr.save(1, {"obs": observer})
+        fresh = MinMaxObserver(eps=1e-3)
+        mgr.restore({"obs": fresh})
+    for name in ("eps", "min_val", "max_val"):
+        assert torch.equal(getattr(fresh, name), getattr(observer, name)), name
+
+
 def test_a_refusing_load_state_dict_names_its_path_and_where_restore_stopped(tmp_path: Path) -> None:
     """The module's own load_state_dict judges; the error says what is restored and what is not."""
     small = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))

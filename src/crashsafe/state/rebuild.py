@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import enum
+from collections import OrderedDict
 from collections.abc import MutableMapping, MutableSequence, Sequence
 from typing import Any
 
 import numpy as np
 
-from crashsafe._torch import is_tensor
+from crashsafe._torch import is_tensor, loaded_torch
 from crashsafe.errors import UnsupportedStateError
 from crashsafe.format.dtypes import torch_dtype_name
 from crashsafe.state.tree import format_path, is_stateful, numpy_dtype_name
@@ -153,11 +154,26 @@ def _copy_array(target: Any, saved: Any, where: str) -> Any:
 
 
 def _load_stateful(target: Any, saved: Any, where: str) -> None:
+    torch = loaded_torch()
+    if torch is not None and isinstance(target, torch.nn.Module) and isinstance(saved, dict):
+        saved = _with_versions(target, saved)
     try:
         target.load_state_dict(saved)
     except Exception as exc:
         what = f"{type(target).__name__}.load_state_dict refused the checkpoint: {exc}"
         raise _stopped(where, what) from exc
+
+
+def _with_versions(module: Any, saved: dict[str, Any]) -> OrderedDict[str, Any]:
+    """``saved`` with the live submodules' state_dict versions, which a checkpoint does not store.
+
+    Without them torch takes the state for one from before versioning and "upgrades" it (quantization
+    observers reset their ``eps``, for one). The versions are the ones ``module.state_dict()`` records.
+    """
+    versioned = OrderedDict(saved)
+    versions = {name: {"version": m._version} for name, m in module.named_modules(remove_duplicate=False)}
+    setattr(versioned, "_metadata", versions)  # noqa: B010 - OrderedDict declares no such attribute
+    return versioned
 
 
 def _stopped(where: str, what: str) -> UnsupportedStateError:
