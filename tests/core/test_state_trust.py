@@ -186,8 +186,16 @@ def test_conj_neg_and_zero_tensor_views_save_their_values(tmp_path: Path, async_
         (lambda: np.array([1, 2]).view(_Unit), "numpy.ndarray subclass"),
         (lambda: np.datetime64("2024-01-01"), "numpy dtype datetime64"),
         (lambda: torch.ones(2, dtype=torch.complex32), "tensor dtype torch.complex32"),
+        (lambda: torch.quantize_per_tensor(torch.ones(2), 0.1, 0, torch.quint8), "quantized tensors"),
+        (lambda: np.ones(2, np.longdouble), "numpy dtype float128"),
+        (lambda: np.matrix([[1, 2]]), "numpy.ndarray subclass"),
+        (lambda: _Plain.A, "cannot checkpoint a .*_Plain"),
+        (lambda: _nested(70), "nesting deeper than 64 levels"),
     ],
-    ids=["meta", "nested", "jagged", "lazy", "tensor-sub", "masked", "array-sub", "datetime", "chalf"],
+    ids=[
+        *("meta", "nested", "jagged", "lazy", "tensor-sub", "masked", "array-sub", "datetime", "chalf"),
+        *("quantized", "longdouble", "matrix", "plain-enum", "deep"),
+    ],
 )
 def test_values_that_could_not_come_back_are_refused_at_save(
     tmp_path: Path, value: Any, message: str
@@ -199,6 +207,19 @@ def test_values_that_could_not_come_back_are_refused_at_save(
         with pytest.raises(cs.UnsupportedStateError, match=f"state at 'x.*{message}"):
             mgr.save(1, {"x": made})
         assert mgr.steps() == []
+
+
+class _Plain(enum.Enum):
+    """An enum that is not an int/str/float: its members are objects, not values."""
+
+    A = object()
+
+
+def _nested(depth: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(depth):
+        value = [value]
+    return value
 
 
 class _Tagged(torch.Tensor):
@@ -437,6 +458,7 @@ def test_documented_changes_on_load(tmp_path: Path) -> None:
         "size": torch.Size([2, 3]),
         "memmap": np.memmap(tmp_path / "m.bin", dtype=np.float32, mode="w+", shape=(3,)),
         "module": torch.nn.Linear(1, 1),
+        "list_sub": _Items([1, 2]),
     }
     with cs.CheckpointManager(tmp_path / "ckpt") as mgr:
         mgr.save(1, state)
@@ -461,3 +483,38 @@ def test_documented_changes_on_load(tmp_path: Path) -> None:
     assert type(got["size"]) is tuple and got["size"] == (2, 3)
     assert type(got["memmap"]) is np.ndarray
     assert set(got["module"]) == {"weight", "bias"}  # a Stateful comes back as its state_dict
+    assert type(got["list_sub"]) is list and got["list_sub"] == [1, 2]
+
+
+class _Items(list[Any]):
+    """A list subclass."""
+
+
+def test_documented_restore_into_the_original_kinds(tmp_path: Path) -> None:
+    """The last column of the table: restore copies in place or rebuilds the live kind."""
+    saved = {
+        "fortran": np.asfortranarray(np.arange(6.0).reshape(2, 3)),
+        "param": torch.nn.Parameter(torch.arange(3.0)),
+        "ordered": collections.OrderedDict(b=1, a=2),
+        "items": _Items([1, 2]),
+        "memmap": np.arange(3, dtype=np.float32),
+        "blob": bytearray(b"ab"),
+    }
+    live = {
+        "fortran": np.asfortranarray(np.zeros((2, 3))),
+        "param": torch.nn.Parameter(torch.zeros(3)),
+        "ordered": collections.OrderedDict(b=0, a=0),
+        "items": _Items([0, 0]),
+        "memmap": np.memmap(tmp_path / "m.bin", dtype=np.float32, mode="w+", shape=(3,)),
+        "blob": bytearray(b"zz"),
+    }
+    kept = dict(live)
+    with cs.CheckpointManager(tmp_path / "ckpt") as mgr:
+        mgr.save(1, saved)
+        mgr.restore(live)
+    assert all(live[k] is v for k, v in kept.items())  # in place
+    assert live["fortran"].flags.f_contiguous and np.array_equal(live["fortran"], saved["fortran"])
+    assert live["param"].requires_grad and torch.equal(live["param"], saved["param"])
+    assert live["ordered"] == {"b": 1, "a": 2} and live["items"] == [1, 2]
+    assert live["memmap"].tolist() == [0.0, 1.0, 2.0]
+    assert live["blob"] == b"ab"

@@ -48,9 +48,9 @@ def unflatten(tree: dict[str, Any], values: Sequence[Any]) -> Any:
 def apply_into(target: Any, saved: Any, parts: tuple[str | int, ...] = ()) -> Any:
     """Load ``saved`` into ``target`` in place where possible; return the value to keep.
 
-    Modules/optimizers get ``load_state_dict``, tensors and arrays are copied into, dicts and lists
-    are updated item by item, tuples (namedtuples too) and enum members are rebuilt, and other
-    immutable values are returned so the parent container can replace them. Run
+    Modules/optimizers get ``load_state_dict``, tensors and arrays are copied into, dicts, lists and
+    bytearrays are updated in place, tuples (namedtuples too) and enum members are rebuilt, and
+    other immutable values are returned so the parent container can replace them. Run
     :func:`check_into` first: then only a Stateful's own ``load_state_dict`` (or a live value that
     refuses writes) can fail half-way, and the error says so.
     """
@@ -63,6 +63,10 @@ def apply_into(target: Any, saved: Any, parts: tuple[str | int, ...] = ()) -> An
         return _copy_array(target, saved, where)
     if isinstance(target, enum.Enum):
         return _enum_member(target, saved, where)
+    if isinstance(target, bytearray):
+        _check_container(target, saved, parts)
+        target[:] = saved
+        return target
     if isinstance(target, MutableMapping):
         _check_container(target, saved, parts)
         for key in list(target.keys()):
@@ -92,6 +96,8 @@ def check_into(target: Any, saved: Any, parts: tuple[str | int, ...] = ()) -> No
         _check_array(target, saved, where)
     elif isinstance(target, enum.Enum):
         _enum_member(target, saved, where)
+    elif isinstance(target, bytearray):
+        _check_container(target, saved, parts)
     elif isinstance(target, MutableMapping):
         _check_container(target, saved, parts)
         for key in target:
@@ -211,9 +217,13 @@ def _rebuild_tuple(target: tuple[Any, ...], items: list[Any], where: str) -> tup
 
 
 def _check_container(target: Any, saved: Any, parts: tuple[str | int, ...]) -> None:
-    """Refuse a saved value that lacks a key of the live dict, or a sequence of another length."""
+    """Refuse a saved value that lacks a key of the live dict, a sequence of another length, or
+    anything but bytes for a live bytearray."""
     where = format_path(parts)
-    if isinstance(target, MutableMapping):
+    if isinstance(target, bytearray):
+        if not isinstance(saved, bytes):
+            raise _mismatch(where, target, saved)
+    elif isinstance(target, MutableMapping):
         if not isinstance(saved, dict):
             raise _mismatch(where, target, saved)
         for key in target:
