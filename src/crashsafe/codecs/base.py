@@ -7,15 +7,29 @@ manifest names). Two codec classes may share an id only if each decodes the othe
 
 from __future__ import annotations
 
+import math
+import reprlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
-__all__ = ["BytesLike", "Codec", "DeltaCodec", "Reference"]
+from crashsafe.errors import CodecError
+
+__all__ = [
+    "BytesLike",
+    "Codec",
+    "DeltaCodec",
+    "Reference",
+    "check_bool",
+    "check_choice",
+    "check_int",
+    "empty_output",
+]
 
 BytesLike = bytes | bytearray | memoryview
+INT64_MAX = 2**63 - 1  # every int in a manifest, codec parameters included, is an int64
 
 
 class Codec(ABC):
@@ -91,3 +105,34 @@ class DeltaCodec(Codec):
 
     def decode(self, data: BytesLike, dtype: np.dtype[Any], shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
         return self.decode_delta(data, dtype, shape, None).array
+
+
+def empty_output(dtype: np.dtype[Any], shape: tuple[int, ...], what: str) -> np.ndarray[Any, Any]:
+    """The one array a decode allocates: exactly the declared ``dtype`` and ``shape``, never a size
+    read from the payload; CodecError (not MemoryError) when it cannot be allocated."""
+    try:
+        return np.empty(shape, dtype=dtype)
+    except (MemoryError, ValueError) as exc:  # ValueError: more than numpy can address
+        nbytes = math.prod(shape) * dtype.itemsize
+        raise CodecError(
+            f"{what} payload declares {nbytes} bytes ({dtype} {list(shape)}), which cannot be allocated "
+            f"({exc}); the manifest is damaged or forged, or this machine lacks the memory"
+        ) from None
+
+
+def check_int(codec: str, name: str, value: object, low: int, high: int = INT64_MAX) -> None:
+    """Raise ValueError unless ``value`` is an int in ``[low, high]`` (a bool or 3.0 is not)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(f"{codec} {name} must be an int in [{low}, {high}], got {reprlib.repr(value)}")
+
+
+def check_bool(codec: str, name: str, value: object) -> None:
+    """Raise ValueError unless ``value`` is a bool (1 is not)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{codec} {name} must be a bool, got {reprlib.repr(value)}")
+
+
+def check_choice(codec: str, name: str, value: object, choices: tuple[str, ...]) -> None:
+    """Raise ValueError unless ``value`` is one of the strings ``choices``."""
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"{codec} {name} must be one of {choices}, got {reprlib.repr(value)}")

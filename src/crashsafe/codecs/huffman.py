@@ -216,7 +216,7 @@ def read_stream(
     count = src.u32()
     nbits = src.u32()
     nlanes = -(-count // LANE)
-    if not 0 < count <= max_count or nbits > (MAX_LEN + int(table.extra.max())) * count:
+    if not 0 < count <= min(max_count, nbits) or nbits > (MAX_LEN + int(table.extra.max())) * count:
         raise CodecError(f"{src.what} payload has a damaged token stream header")
     starts = np.zeros(nlanes, dtype=np.int64)
     np.cumsum(src.array(np.uint16, nlanes - 1), out=starts[1:])

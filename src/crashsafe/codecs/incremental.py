@@ -14,7 +14,7 @@ import numpy as np
 
 from crashsafe.codecs._frame import FrameReader, FrameWriter
 from crashsafe.codecs._lossless import pack, unpack
-from crashsafe.codecs.base import BytesLike, DeltaCodec, Reference
+from crashsafe.codecs.base import BytesLike, DeltaCodec, Reference, check_int, empty_output
 from crashsafe.codecs.registry import register_codec
 from crashsafe.errors import CodecError
 
@@ -35,10 +35,8 @@ class Incremental(DeltaCodec):
     level: int = 1
 
     def __post_init__(self) -> None:
-        if isinstance(self.full_every, bool) or not isinstance(self.full_every, int) or self.full_every < 1:
-            raise ValueError(f"full_every must be an int >= 1, got {self.full_every!r}")
-        if isinstance(self.level, bool) or not isinstance(self.level, int) or not -7 <= self.level <= 22:
-            raise ValueError(f"zstd level must be an int in [-7, 22], got {self.level!r}")
+        check_int("incremental", "full_every", self.full_every, 1)
+        check_int("incremental", "level", self.level, -7, 22)
 
     def encode_delta(
         self, array: np.ndarray[Any, Any], reference: Reference | None
@@ -68,7 +66,7 @@ class Incremental(DeltaCodec):
         if kind == _FULL:
             if reference is not None:
                 raise CodecError("incremental payload is full but the manifest names a base step")
-            out = np.empty(shape, dtype=dtype)
+            out = empty_output(dtype, shape, "incremental")
             unpack(src.blob(), out, xor=False, what="incremental")
             src.done()
             return Reference(out)

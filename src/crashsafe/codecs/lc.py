@@ -20,7 +20,7 @@ from crashsafe.codecs import zeroruns
 from crashsafe.codecs._floats import FloatFormat, float_format, format_by_code
 from crashsafe.codecs._frame import FrameReader, FrameWriter
 from crashsafe.codecs._lossless import pack, unpack
-from crashsafe.codecs.base import BytesLike, DeltaCodec, Reference
+from crashsafe.codecs.base import BytesLike, DeltaCodec, Reference, check_choice, check_int, empty_output
 from crashsafe.codecs.huffman import HuffmanTable, read_stream, write_stream
 from crashsafe.codecs.registry import register_codec
 from crashsafe.errors import CodecError
@@ -30,6 +30,7 @@ __all__ = ["LC"]
 MAGIC = b"CSLC"
 VERSION = 1
 BLOCK = 1 << 20  # elements per block: one token stream each, bounds the tokens held at once
+_LOG_BLOCKS = range(10, BLOCK.bit_length())  # block sizes a decoder takes: scratch stays bounded
 _CHUNK = 1 << 16  # elements per elementwise step: temporaries stay in cache and get reused
 _FULL, _DELTA = 0, 1
 _REPS = ("midrange", "mean")
@@ -63,12 +64,9 @@ class LC(DeltaCodec):
     full_every: int = 100
 
     def __post_init__(self) -> None:
-        if self.bits not in (2, 3) or isinstance(self.bits, bool):
-            raise ValueError(f"LC bits must be 2 or 3, got {self.bits!r}")
-        if self.rep not in _REPS:
-            raise ValueError(f"LC rep must be one of {_REPS}, got {self.rep!r}")
-        if isinstance(self.full_every, bool) or not isinstance(self.full_every, int) or self.full_every < 1:
-            raise ValueError(f"full_every must be an int >= 1, got {self.full_every!r}")
+        check_int("lc", "bits", self.bits, 2, 3)
+        check_choice("lc", "rep", self.rep, _REPS)
+        check_int("lc", "full_every", self.full_every, 1)
 
     # ------------------------------------------------------------------------------ encode
 
@@ -163,7 +161,7 @@ class LC(DeltaCodec):
         if kind == _FULL:
             if reference is not None:
                 raise CodecError("lc payload is a full checkpoint but the manifest names a base step")
-            out = np.empty(shape, dtype=dtype)
+            out = empty_output(dtype, shape, "lc")
             unpack(src.blob(), out, xor=False, what="lc")
             src.done()
             return Reference(out)
@@ -181,7 +179,7 @@ class LC(DeltaCodec):
         r = reference.array.reshape(-1)
         log_block = src.u8()
         k = src.u8()
-        if log_block > 26 or k >= 1 << self.bits:
+        if log_block not in _LOG_BLOCKS or k >= 1 << self.bits:
             raise CodecError("lc payload has a damaged header")
         reps = src.array(fmt.compute, k)
         if not np.all(np.isfinite(reps)):

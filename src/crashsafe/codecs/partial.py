@@ -15,6 +15,8 @@ Changes that are not finite rank first and are stored exactly, like any other va
 
 from __future__ import annotations
 
+import math
+import reprlib
 from abc import abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -24,7 +26,7 @@ import numpy as np
 from crashsafe.codecs._floats import FloatFormat, float_format, format_by_code
 from crashsafe.codecs._frame import FrameReader, FrameWriter
 from crashsafe.codecs._lossless import pack, unpack
-from crashsafe.codecs.base import BytesLike, DeltaCodec, Reference
+from crashsafe.codecs.base import BytesLike, DeltaCodec, Reference, check_int, empty_output
 from crashsafe.codecs.registry import register_codec
 from crashsafe.errors import CodecError
 
@@ -47,9 +49,9 @@ class _Partial(DeltaCodec):
     def __post_init__(self) -> None:
         budget = self.budget
         if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 < budget <= 1:
-            raise ValueError(f"budget must be a fraction in (0, 1], got {self.budget!r}")
-        if isinstance(self.full_every, bool) or not isinstance(self.full_every, int) or self.full_every < 1:
-            raise ValueError(f"full_every must be an int >= 1, got {self.full_every!r}")
+            got = reprlib.repr(budget)
+            raise ValueError(f"{self.codec_id} budget must be a fraction in (0, 1], got {got}")
+        check_int(self.codec_id, "full_every", self.full_every, 1)
 
     @abstractmethod
     def _row_length(self, shape: tuple[int, ...]) -> int:
@@ -99,7 +101,7 @@ class _Partial(DeltaCodec):
         if kind == _FULL:
             if reference is not None:
                 raise CodecError(f"{what} payload is a full checkpoint but the manifest names a base step")
-            out = np.empty(shape, dtype=dtype)
+            out = empty_output(dtype, shape, what)
             unpack(src.blob(), out, xor=False, what=what)
             src.done()
             return Reference(out)
@@ -156,7 +158,7 @@ class Scar(_Partial):
     magic = b"CSSC"
 
     def _row_length(self, shape: tuple[int, ...]) -> int:
-        return int(np.prod(shape[1:], dtype=np.int64)) if len(shape) >= 2 else 1
+        return math.prod(shape[1:])
 
 
 @register_codec

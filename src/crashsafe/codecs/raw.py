@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from crashsafe.codecs.base import BytesLike, Codec
+from crashsafe.codecs.base import BytesLike, Codec, empty_output
 from crashsafe.codecs.registry import register_codec
 from crashsafe.errors import CodecError
 
@@ -29,8 +30,12 @@ class Raw(Codec):
 
     def decode(self, data: BytesLike, dtype: np.dtype[Any], shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
         raw = np.frombuffer(data, dtype=np.uint8)
-        expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        expected = math.prod(shape) * dtype.itemsize  # exact: a forged shape must not wrap around
         if raw.size != expected:
             raise CodecError(f"raw payload has {raw.size} bytes, expected {expected}")
-        out = raw.view(dtype).reshape(shape)
-        return out if out.flags.writeable else out.copy()
+        view = raw.view(dtype).reshape(shape)
+        if view.flags.writeable:
+            return view
+        out = empty_output(dtype, shape, "raw")
+        out[...] = view
+        return out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import reprlib
 from typing import Any
 
 from crashsafe.codecs.base import Codec
@@ -35,13 +36,15 @@ def get_codec(config: str | dict[str, Any] | Codec) -> Codec:
     if isinstance(config, str):
         config = {"id": config}
     if not isinstance(config, dict) or not isinstance(config.get("id"), str):
-        raise CodecError(f"a codec is named by an id string or a config dict with 'id', not {config!r}")
+        raise CodecError(
+            f"a codec is named by an id string or a config dict with 'id', not {reprlib.repr(config)}"
+        )
     params = dict(config)
     cid = params.pop("id")
     cls = _REGISTRY.get(cid)
     if cls is None:
-        raise CodecError(f"unknown codec {cid!r}; known codecs: {', '.join(codec_ids())}")
+        raise CodecError(f"unknown codec {reprlib.repr(cid)}; known codecs: {', '.join(codec_ids())}")
     try:
         return cls(**params)
-    except (TypeError, ValueError) as exc:
+    except Exception as exc:  # any failure to build from a (possibly forged) config: names, keys, types
         raise CodecError(f"invalid parameters for codec {cid!r}: {exc}") from None
