@@ -9,7 +9,7 @@ See ``docs/state.md`` for what comes back exactly and what comes back changed.
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import math
 import sys
 from collections.abc import Mapping
@@ -162,7 +162,7 @@ class _Walk:
         keys: list[str | int] = []
         vals: list[dict[str, Any]] = []
         for key, item in value.items():
-            plain = _plain_key(key, parts)
+            plain = key if type(key) is str else _plain_key(key, parts)  # fast path: most keys
             keys.append(plain)
             vals.append(self.node(item, (*parts, plain), depth + 1))
         return {"t": "dict", "keys": keys, "vals": vals}
@@ -219,18 +219,23 @@ class _Walk:
 
 def _int_text(value: int, parts: Parts) -> str:
     """Plain decimal text of an int; an int subclass (IntEnum member) gives its integer value."""
-    text = None
-    if value.bit_length() <= _MAX_INT_BITS:  # bounded work even if this process lifted the limit
-        with contextlib.suppress(ValueError):  # this process may limit int -> str further
+    bits = int.bit_length(value)
+    if bits < 64:  # fast path: most ints, far below any digit limit
+        return int.__repr__(value)
+    if bits <= _MAX_INT_BITS:  # bounded work even if this process lifted the limit
+        try:
             text = int.__repr__(value)
-    if text is None or len(text.lstrip("-")) > MAX_INT_DIGITS:
-        raise _refuse(
-            parts,
-            f"an int with more than {MAX_INT_DIGITS} decimal digits cannot be checkpointed (python "
-            "refuses to read it back); store it as bytes, e.g. x.to_bytes((x.bit_length() + 8) // 8, "
-            "'little', signed=True)",
-        )
-    return text
+        except ValueError:  # this process limits int -> str further
+            pass
+        else:
+            if len(text) - (value < 0) <= MAX_INT_DIGITS:
+                return text
+    raise _refuse(
+        parts,
+        f"an int with more than {MAX_INT_DIGITS} decimal digits cannot be checkpointed (python "
+        "refuses to read it back); store it as bytes, e.g. x.to_bytes((x.bit_length() + 8) // 8, "
+        "'little', signed=True)",
+    )
 
 
 def _plain_key(key: object, parts: Parts) -> str | int:
@@ -244,24 +249,31 @@ def _plain_key(key: object, parts: Parts) -> str | int:
     )
 
 
-def _tensor_problem(tensor: Any) -> str | None:
-    """Why ``tensor`` could not be saved and given back as it is, or None if it can."""
+@functools.cache
+def _torch_types() -> tuple[tuple[type, ...], type, Any]:
+    """Tensor types saved as they are, the lazy-parameter mixin, the strided layout (looked up once)."""
     torch = loaded_torch()
     assert torch is not None
-    if isinstance(tensor, torch.nn.parameter.UninitializedTensorMixin):
+    return (torch.Tensor, torch.nn.Parameter), torch.nn.parameter.UninitializedTensorMixin, torch.strided
+
+
+def _tensor_problem(tensor: Any) -> str | None:
+    """Why ``tensor`` could not be saved and given back as it is, or None if it can."""
+    plain, lazy, strided = _torch_types()
+    if isinstance(tensor, lazy):
         return (
             "an uninitialized lazy parameter or buffer has no shape or data yet; run a forward pass "
             "(or restore into the module) before saving it"
         )
     if tensor.is_nested:
         return "nested tensors are not supported; save tensor.unbind() (a tuple of tensors) instead"
-    if type(tensor) not in (torch.Tensor, torch.nn.Parameter):
+    if type(tensor) not in plain:
         return (
             f"a {_type_name(tensor)} is a torch.Tensor subclass; crashsafe stores plain tensors and "
             "would drop what the subclass adds. Convert it to a plain tensor first (e.g. "
             "t.as_subclass(torch.Tensor) if it only adds methods, t.full_tensor() for a DTensor)"
         )
-    if tensor.layout != torch.strided:
+    if tensor.layout != strided:
         return f"{tensor.layout} tensors are not supported; call .to_dense() first"
     if tensor.is_quantized:
         return "quantized tensors are not supported; dequantize() first"
