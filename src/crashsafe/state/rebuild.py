@@ -185,10 +185,10 @@ def _with_versions(module: Any, saved: dict[str, Any]) -> OrderedDict[str, Any]:
 def _stopped(where: str, what: str) -> UnsupportedStateError:
     """A failure in the middle of restore: say what failed and what state the live objects are in."""
     return UnsupportedStateError(
-        f"state at '{where}': {what}. Restore stopped there: the values before it in the state (and "
-        "whatever this one took before failing) hold the checkpoint's values, the ones after it are "
-        "unchanged. Restore into objects built with the saved configuration, or load() the "
-        "checkpoint to inspect it"
+        f"state at '{where}': {what.rstrip('. ')}. Restore stopped there: the values before it in the "
+        "state (and whatever this one took before failing) hold the checkpoint's values, the ones "
+        "after it are unchanged. Restore into objects built with the saved configuration, or load() "
+        "the checkpoint to inspect it"
     )
 
 
