@@ -191,10 +191,11 @@ def test_conj_neg_and_zero_tensor_views_save_their_values(tmp_path: Path, async_
         (lambda: np.matrix([[1, 2]]), "numpy.ndarray subclass"),
         (lambda: _Plain.A, "cannot checkpoint a .*_Plain"),
         (lambda: _nested(70), "nesting deeper than 64 levels"),
+        (lambda: _released(), "cannot read its bytes"),
     ],
     ids=[
         *("meta", "nested", "jagged", "lazy", "tensor-sub", "masked", "array-sub", "datetime", "chalf"),
-        *("quantized", "longdouble", "matrix", "plain-enum", "deep"),
+        *("quantized", "longdouble", "matrix", "plain-enum", "deep", "released-view"),
     ],
 )
 def test_values_that_could_not_come_back_are_refused_at_save(
@@ -220,6 +221,12 @@ def _nested(depth: int) -> list[Any]:
     for _ in range(depth):
         value = [value]
     return value
+
+
+def _released() -> memoryview:
+    view = memoryview(b"data")
+    view.release()
+    return view
 
 
 class _Tagged(torch.Tensor):
@@ -278,6 +285,7 @@ def test_restore_into_arrays_of_the_same_type_is_exact_across_byte_order_and_kin
         "t_f32": torch.tensor([1.5, -2.25]),
         "a_i16": np.array([-300, 300], np.int16),
         "scalar": np.float64(2.5),
+        "to_tensor": np.float32(-1.5),
     }
     live = {
         "i64": np.zeros(2, ">i8"),  # big-endian of the same type: fine
@@ -285,6 +293,7 @@ def test_restore_into_arrays_of_the_same_type_is_exact_across_byte_order_and_kin
         "t_f32": np.zeros(2, np.float32),  # a saved tensor into a live array of its dtype
         "a_i16": torch.zeros(2, dtype=torch.int16),  # a saved array into a live tensor of its dtype
         "scalar": np.zeros((), np.float64),
+        "to_tensor": torch.zeros((), dtype=torch.float32),  # a saved numpy scalar into a 0-d tensor
     }
     with cs.CheckpointManager(tmp_path) as mgr:
         mgr.save(1, saved)
@@ -295,7 +304,7 @@ def test_restore_into_arrays_of_the_same_type_is_exact_across_byte_order_and_kin
     assert live["f64"].tolist() == [3e300, -0.0] and np.signbit(live["f64"][1])
     assert live["t_f32"].tolist() == [1.5, -2.25]
     assert live["a_i16"].tolist() == [-300, 300]
-    assert live["scalar"] == 2.5
+    assert live["scalar"] == 2.5 and live["to_tensor"].item() == -1.5
 
 
 def test_restore_refuses_a_read_only_live_array(tmp_path: Path) -> None:

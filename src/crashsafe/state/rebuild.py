@@ -149,7 +149,7 @@ def _copy_array(target: Any, saved: Any, where: str) -> Any:
         if is_tensor(target):
             import torch
 
-            src = saved if is_tensor(saved) else torch.from_numpy(np.ascontiguousarray(saved))
+            src = saved if is_tensor(saved) else torch.from_numpy(np.asarray(saved))  # 0-d stays 0-d
             with torch.no_grad():
                 target.copy_(src)
         else:

@@ -95,8 +95,8 @@ def flatten(state: object) -> tuple[dict[str, Any], list[ArrayLeaf]]:
         validate_tree(tree, len(walk.leaves))
     except CorruptCheckpointError as exc:
         raise UnsupportedStateError(
-            f"this state would make a checkpoint crashsafe cannot read back: {exc}. Simplify the state "
-            "(fewer or shallower values), or split it over several keys"
+            f"this state would make a checkpoint crashsafe cannot read back: {exc}. Change that part "
+            "of the state; docs/state.md lists what a checkpoint can hold"
         ) from None
     return tree, walk.leaves
 
@@ -138,7 +138,10 @@ class _Walk:
         if isinstance(value, str):
             return {"t": "str", "v": str.__str__(value)}  # a str subclass (enum, np.str_) as plain str
         if isinstance(value, (bytes, bytearray, memoryview)):
-            data = bytes(value)
+            try:
+                data = bytes(value)
+            except ValueError as exc:  # a released memoryview
+                raise _refuse(parts, f"cannot read its bytes ({exc})") from None
             return self._leaf(parts, "bytes", "uint8", (len(data),), data)
         if is_tensor(value):
             return self._tensor(value, parts)
