@@ -463,7 +463,9 @@ class CheckpointManager:
         """Load a checkpoint into ``state`` in place; return its step, or None if there is none.
 
         Modules, optimizers and schedulers get ``load_state_dict``; tensors and arrays are copied
-        into; python values in dicts and lists are replaced.
+        into; python values in dicts and lists are replaced. Mismatches are refused before anything
+        changes, except what only an object's own ``load_state_dict`` can judge: if one raises,
+        restore stops there (``docs/state.md`` says exactly what is checked first).
         """
         if not isinstance(state, MutableMapping):
             raise UnsupportedStateError(

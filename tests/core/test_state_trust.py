@@ -7,6 +7,7 @@ import collections
 import enum
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -264,8 +265,16 @@ def test_a_failing_state_dict_is_reported_with_its_path(tmp_path: Path) -> None:
         (np.array([3e300]), torch.zeros(1, dtype=torch.float32)),
         (np.array([1, 2], np.int64), torch.zeros(2, dtype=torch.int32)),
     ],
-    ids=["int64->int32", "f64->f32", "f64->int64", "u8->i8", "tensor->array", "bf16->u16", "array->tensor",
-         "i64->tensor-i32"],
+    ids=[
+        "int64->int32",
+        "f64->f32",
+        "f64->int64",
+        "u8->i8",
+        "tensor->array",
+        "bf16->u16",
+        "array->tensor",
+        "i64->tensor-i32",
+    ],
 )
 def test_restore_refuses_a_dtype_mismatch_and_changes_nothing(tmp_path: Path, saved: Any, live: Any) -> None:
     with cs.CheckpointManager(tmp_path) as mgr:
@@ -275,7 +284,7 @@ def test_restore_refuses_a_dtype_mismatch_and_changes_nothing(tmp_path: Path, sa
         with pytest.raises(cs.UnsupportedStateError, match="'x': checkpoint has dtype .*cast the live value"):
             mgr.restore(state)
     assert state["n"] == 0
-    assert (np.array_equal(live, before) if isinstance(live, np.ndarray) else torch.equal(live, before))
+    assert np.array_equal(live, before) if isinstance(live, np.ndarray) else torch.equal(live, before)
 
 
 def test_restore_into_arrays_of_the_same_type_is_exact_across_byte_order_and_kind(tmp_path: Path) -> None:
@@ -389,21 +398,78 @@ def test_restore_gives_modules_their_state_dict_versions(tmp_path: Path) -> None
 
 
 def test_a_refusing_load_state_dict_names_its_path_and_where_restore_stopped(tmp_path: Path) -> None:
-    """The module's own load_state_dict judges; the error says what is restored and what is not."""
-    small = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
+    """An object's own load_state_dict judges; the error says what is restored and what is not."""
+
+    class Picky:
+        def state_dict(self) -> dict[str, Any]:
+            return {"v": torch.ones(2)}
+
+        def load_state_dict(self, state: Any) -> None:
+            raise ValueError("picky says no")
+
     with cs.CheckpointManager(tmp_path) as mgr:
-        mgr.save(1, {"step": 1, "model": small, "w": torch.ones(3)})
-        other = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 3))  # last layer differs
-        last_layer = [p.detach().clone() for p in other[1].parameters()]
-        live = {"step": 0, "model": other, "w": torch.zeros(3)}
+        mgr.save(1, {"step": 1, "obj": Picky(), "w": torch.ones(3)})
+        live = {"step": 0, "obj": Picky(), "w": torch.zeros(3)}
         with pytest.raises(cs.UnsupportedStateError) as caught:
             mgr.restore(live)
     message = str(caught.value)
-    assert message.startswith("state at 'model': Sequential.load_state_dict refused")
-    assert "size mismatch for 1.weight" in message and "Restore stopped there" in message
+    assert message.startswith("state at 'obj': Picky.load_state_dict refused the checkpoint: picky says no")
+    assert "Restore stopped there" in message
     assert live["step"] == 1  # before it in the state: restored
     assert torch.equal(live["w"], torch.zeros(3))  # after it: unchanged
-    assert all(torch.equal(a, b) for a, b in zip(last_layer, other[1].parameters(), strict=True))
+
+
+def _two_layers(last: int = 2, bias: bool = True) -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, last, bias=bias))
+
+
+@pytest.mark.parametrize(
+    ("live_model", "match"),
+    [
+        (
+            lambda: _two_layers(last=3),
+            r"'model\.1\.weight': checkpoint has shape \(2, 8\), the live module \(3, 8\)",
+        ),
+        (
+            lambda: _two_layers(bias=False),
+            r"'model\.1\.bias': the checkpoint has it, the live Sequential does not",
+        ),
+        (
+            lambda: torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2), torch.nn.Linear(2, 2)),
+            r"'model\.2\.bias': the live Sequential has it, the checkpoint does not",
+        ),
+    ],
+    ids=["shape", "unexpected-key", "missing-key"],
+)
+def test_what_torch_would_refuse_is_refused_before_anything_changes(
+    tmp_path: Path, live_model: Callable[[], torch.nn.Module], match: str
+) -> None:
+    """Module.load_state_dict copies what fits before it raises on what does not; restore checks
+    torch's own rules first, so a checkpoint of another architecture changes nothing."""
+    with cs.CheckpointManager(tmp_path) as mgr:
+        mgr.save(1, {"step": 1, "model": _two_layers(), "w": torch.ones(3)})
+        model = live_model()
+        before = [p.detach().clone() for p in model.parameters()]
+        live = {"step": 0, "model": model, "w": torch.zeros(3)}
+        with pytest.raises(cs.UnsupportedStateError, match=match) as caught:
+            mgr.restore(live)
+    assert "nothing was restored" in str(caught.value)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    assert live["step"] == 0 and torch.equal(live["w"], torch.zeros(3))
+
+
+def test_an_optimizer_with_other_parameter_groups_is_refused_before_anything_changes(tmp_path: Path) -> None:
+    model = _two_layers()
+    with cs.CheckpointManager(tmp_path) as mgr:
+        mgr.save(1, {"model": model, "optim": torch.optim.SGD(model.parameters(), lr=0.1)})
+        fresh = _two_layers()
+        before = [p.detach().clone() for p in fresh.parameters()]
+        optim = torch.optim.SGD(
+            [{"params": fresh[0].parameters()}, {"params": fresh[1].parameters()}], lr=0.1
+        )
+        with pytest.raises(cs.UnsupportedStateError, match="'optim.param_groups': checkpoint has 1 groups"):
+            mgr.restore({"model": fresh, "optim": optim})
+    assert all(torch.equal(a, b) for a, b in zip(before, fresh.parameters(), strict=True))
 
 
 def test_mismatched_plain_values_are_refused_before_anything_changes(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import numpy as np
 from crashsafe._torch import is_tensor, loaded_torch
 from crashsafe.errors import UnsupportedStateError
 from crashsafe.format.dtypes import torch_dtype_name
+from crashsafe.state.torch_fit import misfit
 from crashsafe.state.tree import format_path, is_stateful, numpy_dtype_name
 
 __all__ = ["apply_into", "check_into", "to_value", "unflatten"]
@@ -86,11 +87,20 @@ def check_into(target: Any, saved: Any, parts: tuple[str | int, ...] = ()) -> No
     """Raise what :func:`apply_into` would raise before changing anything, as far as it can know.
 
     Run first, so a mismatched checkpoint leaves the live state untouched. Stateful objects are
-    not looked into: their own ``load_state_dict`` decides what fits (QAT observers resize their
-    buffers, lazy modules materialise their parameters).
+    judged by their own ``load_state_dict`` (QAT observers resize their buffers, lazy modules
+    materialise their parameters); only what torch's default rules would refuse anyway is
+    refused here first (:mod:`crashsafe.state.torch_fit`).
     """
     where = format_path(parts)
     if is_stateful(target) and not isinstance(target, (dict, list)):
+        found = misfit(target, saved)
+        if found is not None:
+            key, reason = found
+            raise UnsupportedStateError(
+                f"state at '{format_path((*parts, key))}': {reason}. {type(target).__name__}.load_state_dict "
+                "would refuse it after changing what came before; nothing was restored. Build it with the "
+                "saved configuration, or load() the checkpoint to inspect it"
+            )
         return
     if _is_array(target):
         _check_array(target, saved, where)
