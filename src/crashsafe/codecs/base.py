@@ -112,11 +112,11 @@ def empty_output(dtype: np.dtype[Any], shape: tuple[int, ...], what: str) -> np.
     read from the payload; CodecError (not MemoryError) when it cannot be allocated."""
     try:
         return np.empty(shape, dtype=dtype)
-    except (MemoryError, ValueError) as exc:  # ValueError: more than numpy can address
+    except (MemoryError, ValueError):  # ValueError: more than numpy can address
         nbytes = math.prod(shape) * dtype.itemsize
         raise CodecError(
-            f"{what} payload declares {nbytes} bytes ({dtype} {list(shape)}), which cannot be allocated "
-            f"({exc}); the manifest is damaged or forged, or this machine lacks the memory"
+            f"{what} payload declares {nbytes} bytes ({dtype} {list(shape)}), which cannot be allocated: "
+            "the manifest is damaged or forged, or this machine lacks the memory"
         ) from None
 
 

@@ -17,7 +17,8 @@ from typing import Any
 
 import xxhash
 
-from crashsafe.errors import CorruptCheckpointError
+from crashsafe.codecs.registry import get_codec
+from crashsafe.errors import CodecError, CorruptCheckpointError
 from crashsafe.format.dtypes import DTYPES
 
 __all__ = [
@@ -39,11 +40,11 @@ MAX_INT64 = 2**63 - 1
 MIN_INT64 = -(2**63)
 MAX_STEP = MAX_INT64  # steps are int64 everywhere (names, JSON, other tools)
 # Parse bounds, checked on the raw bytes before json.loads builds any object (docs/format.md,
-# "Limits"). A state of 150k tensors (a large MoE model with Adam) needs ~63 MiB, 0.53M objects
-# and 3.0M values; the worst manifest within these bounds loads in about 0.9 GiB.
-MAX_MANIFEST_BYTES = 128 * 1024 * 1024
-MAX_JSON_OBJECTS = 1_500_000  # b"{" in the manifest
-MAX_JSON_VALUES = 7_000_000  # b"{" + b"[" + b",": every JSON value but the first follows one of them
+# "Limits"). A state of 150k tensors (a MoE model with AdamW) needs 63-71 MiB, 0.53M objects and
+# 3.0-3.4M values; loading it takes ~320 MiB. The worst manifest within the bounds takes ~0.9 GiB.
+MAX_MANIFEST_BYTES = 96 * 1024 * 1024
+MAX_JSON_OBJECTS = 800_000  # count of b"{"
+MAX_JSON_VALUES = 4_500_000  # count of b"{", b"[" and b",": every JSON value but the first follows one
 MAX_TREE_DEPTH = 200
 MAX_NDIM = 64
 MAX_TREE_NODES = 1_000_000
@@ -215,11 +216,10 @@ def _check_bounds(data: bytes, where: str) -> None:
 
 
 def _parse(data: bytes, where: str) -> dict[str, Any]:
-    """The JSON object in ``data``: UTF-8, int64 integers, finite floats, no NaN or Infinity."""
+    """The JSON object in ``data``: UTF-8, int64 integers, no NaN or Infinity (a float too large,
+    such as 1e999, parses as inf and is refused with the checksum: JSON cannot represent it)."""
     try:
-        body = json.loads(
-            data.decode("utf-8"), parse_int=_json_int, parse_float=_json_float, parse_constant=_json_constant
-        )
+        body = json.loads(data.decode("utf-8"), parse_int=_json_int, parse_constant=_json_constant)
     except RecursionError:
         raise _bad(where, "nests JSON too deeply to be read") from None
     except ValueError as exc:  # syntax, encoding, or a number the hooks refuse
@@ -230,18 +230,13 @@ def _parse(data: bytes, where: str) -> dict[str, Any]:
 
 
 def _json_int(text: str) -> int:
-    """Every integer in a manifest is an int64; longer digit strings are refused before ``int()``."""
-    if len(text) <= 20:
+    """Every integer in a manifest is an int64 (``int()`` itself refuses more than 4300 digits)."""
+    try:
         value = int(text)
-        if MIN_INT64 <= value <= MAX_INT64:
-            return value
-    raise ValueError(f"integer {_show(text)} ({len(text)} characters) is not an int64")
-
-
-def _json_float(text: str) -> float:
-    value = float(text)
-    if math.isinf(value):
-        raise ValueError(f"number {_show(text)} is out of the float64 range")
+    except ValueError:
+        value = None
+    if value is None or not MIN_INT64 <= value <= MAX_INT64:
+        raise ValueError(f"integer {_show(text)} ({len(text)} characters) is not an int64")
     return value
 
 
@@ -275,7 +270,8 @@ def _validate(body: dict[str, Any], where: str) -> Manifest:
     files = _files(body["files"], where)
     if not isinstance(body["payloads"], list):
         raise _bad(where, "has an invalid payload table")
-    payloads = tuple(_payload(p, files, step, where) for p in body["payloads"])
+    codecs: set[tuple[Any, ...]] = set()
+    payloads = tuple(_payload(p, files, step, codecs, where) for p in body["payloads"])
     _unique_paths(payloads, where)
     tree = body["tree"]
     validate_tree(tree, len(payloads), where)
@@ -307,13 +303,15 @@ _PAYLOAD_FIELDS = frozenset({"path", "kind", "dtype", "shape", "file", "offset",
 _DELTA_FIELDS = _PAYLOAD_FIELDS | {"base"}
 
 
-def _payload(raw: object, files: dict[str, int], step: int, where: str) -> PayloadEntry:
+def _payload(
+    raw: object, files: dict[str, int], step: int, codecs: set[tuple[Any, ...]], where: str
+) -> PayloadEntry:
     if not isinstance(raw, dict) or (raw.keys() != _PAYLOAD_FIELDS and raw.keys() != _DELTA_FIELDS):
         raise _bad(where, f"has a malformed payload entry {_show(raw)}")
     path = raw["path"]
     if not isinstance(path, str):
         raise _bad(where, "has a payload with a non-string path")
-    at = f"payload {_show(path)}"
+    at = f"payload {path[:100]!r}"
     kind, dtype = raw["kind"], raw["dtype"]
     if not _member(kind, LEAF_KINDS):
         raise _bad(where, f"{at}: unknown kind {_show(kind)}")
@@ -330,13 +328,32 @@ def _payload(raw: object, files: dict[str, int], step: int, where: str) -> Paylo
     xxh3 = raw["xxh3"]
     if not isinstance(xxh3, str) or not _HEX64.fullmatch(xxh3):
         raise _bad(where, f"{at}: invalid checksum {_show(xxh3)}")
-    codec = raw["codec"]
-    if not isinstance(codec, dict) or not isinstance(codec.get("id"), str):
-        raise _bad(where, f"{at}: invalid codec config {_show(codec)}")
+    codec = _codec(raw["codec"], codecs, at, where)
     base = _int(raw["base"], f"{at} base step", where) if "base" in raw else None
     if base is not None and base >= step:
         raise _bad(where, f"{at}: is a delta against step {base}, which is not earlier than step {step}")
     return PayloadEntry(path, kind, dtype, shape, file, offset, nbytes, xxh3, codec, base)
+
+
+def _codec(config: object, known: set[tuple[Any, ...]], at: str, where: str) -> dict[str, Any]:
+    """A codec config that builds a known codec; each distinct config (types included: 3.0 is not 3)
+    is built once per manifest."""
+    if not isinstance(config, dict):
+        raise _bad(where, f"{at}: invalid codec config {_show(config)}")
+    key: tuple[Any, ...] | None = (tuple(config.items()), tuple(map(type, config.values())))
+    try:
+        hash(key)
+    except TypeError:  # a list or object parameter: checked every time
+        key = None
+    if key is not None and key in known:
+        return config
+    try:
+        get_codec(config)
+    except CodecError as exc:
+        raise _bad(where, f"{at}: {exc}") from None
+    if key is not None:
+        known.add(key)
+    return config
 
 
 def _shape(raw: object, itemsize: int, at: str, where: str) -> tuple[int, ...]:
@@ -344,10 +361,12 @@ def _shape(raw: object, itemsize: int, at: str, where: str) -> tuple[int, ...]:
     (zero dimensions aside, as numpy counts them), computed exactly rather than in wrapping int64."""
     if not isinstance(raw, list) or len(raw) > MAX_NDIM:
         raise _bad(where, f"{at}: invalid shape {_show(raw)}")
-    dims = tuple(_int(d, f"{at} dimension", where) for d in raw)
-    if math.prod(max(d, 1) for d in dims) * itemsize > MAX_INT64:
-        raise _bad(where, f"{at}: shape {_show(list(dims))} declares more than {MAX_INT64} bytes")
-    return dims
+    for d in raw:
+        _int(d, f"{at} dimension", where)
+    size = math.prod(raw) or math.prod(d for d in raw if d)
+    if size * itemsize > MAX_INT64:
+        raise _bad(where, f"{at}: shape {_show(raw)} declares more than {MAX_INT64} bytes")
+    return tuple(raw)
 
 
 def _unique_paths(payloads: tuple[PayloadEntry, ...], where: str) -> None:
