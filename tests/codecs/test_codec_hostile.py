@@ -25,9 +25,7 @@ from crashsafe.errors import CodecError
 from crashsafe.format.dtypes import storage_dtype
 
 SRC = Path(__file__).resolve().parents[2] / "src"
-FUZZ = settings(
-    max_examples=40, deadline=timedelta(seconds=2), suppress_health_check=[HealthCheck.too_slow]
-)
+FUZZ = settings(max_examples=40, deadline=timedelta(seconds=2), suppress_health_check=[HealthCheck.too_slow])
 
 
 # ---------------------------------------------------------------------------------- arrays
@@ -393,7 +391,6 @@ GOLDEN_XXH3: dict[str, list[str]] = {
 }
 
 
-
 @pytest.mark.skipif(zstandard.ZSTD_VERSION != GOLDEN_ZSTD, reason="another zstd may compress differently")
 @pytest.mark.parametrize("name", GOLDEN)
 def test_encoders_write_the_bytes_54e31ab_wrote(name: str) -> None:
@@ -503,6 +500,7 @@ def test_damaged_payloads_decode_to_an_array_or_a_codec_error(
 
 
 # ------------------------------------------------------------------- sizes that lie
+
 
 @pytest.mark.parametrize("name", FUZZ_CODECS)
 @pytest.mark.parametrize("shape", [(2**40,), (2**40, 2**20), (2**62,)], ids=["2^40", "2^60", "2^62"])
