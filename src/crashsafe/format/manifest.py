@@ -41,7 +41,7 @@ MIN_INT64 = -(2**63)
 MAX_STEP = MAX_INT64  # steps are int64 everywhere (names, JSON, other tools)
 # Parse bounds, checked on the raw bytes before json.loads builds any object (docs/format.md,
 # "Limits"). A state of 150k tensors (a MoE model with AdamW) needs 63-71 MiB, 0.53M objects and
-# 3.0-3.4M values; loading it takes ~320 MiB. The worst manifest within the bounds takes ~0.9 GiB.
+# 3.0-3.4M values; loading it takes ~320 MiB. The worst manifest within the bounds takes ~0.8 GiB.
 MAX_MANIFEST_BYTES = 96 * 1024 * 1024
 MAX_JSON_OBJECTS = 800_000  # count of b"{"
 MAX_JSON_VALUES = 4_500_000  # count of b"{", b"[" and b",": every JSON value but the first follows one
