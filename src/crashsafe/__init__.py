@@ -5,13 +5,16 @@
 >>> mgr.save(step, {"model": model, "optim": optim, "rng": cs.RNGState()})  # doctest: +SKIP
 """
 
-from crashsafe import codecs, policies, sim
+from typing import Any
+
+from crashsafe import codecs, policies
 from crashsafe.errors import (
     CheckpointExistsError,
     CodecError,
     CorruptCheckpointError,
     CorruptCheckpointWarning,
     CrashsafeError,
+    CrashsafeWarning,
     DiskFullError,
     LockedError,
     NoCheckpointError,
@@ -30,9 +33,18 @@ from crashsafe.shelf import (
 )
 from crashsafe.state.rng import RNGState
 from crashsafe.state.tree import Stateful
-from crashsafe.verify import StepReport, VerifyReport, verify
+from crashsafe.verification import StepReport, VerifyReport, verify
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    """``cs.sim`` (the failure simulator) is imported on first use: training jobs never need it."""
+    if name == "sim":
+        import importlib
+
+        return importlib.import_module("crashsafe.sim")
+    raise AttributeError(f"module 'crashsafe' has no attribute {name!r}")
 
 __all__ = [
     "CheckpointExistsError",
@@ -42,6 +54,7 @@ __all__ = [
     "CorruptCheckpointWarning",
     "CorruptShelfError",
     "CrashsafeError",
+    "CrashsafeWarning",
     "DiskFullError",
     "LockedError",
     "NoCheckpointError",

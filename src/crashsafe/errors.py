@@ -12,6 +12,7 @@ __all__ = [
     "CorruptCheckpointError",
     "CorruptCheckpointWarning",
     "CrashsafeError",
+    "CrashsafeWarning",
     "DiskFullError",
     "LockedError",
     "NoCheckpointError",
@@ -45,7 +46,11 @@ class CorruptCheckpointError(CrashsafeError, ValueError):
     """A checkpoint failed verification (checksum, structure or missing file)."""
 
 
-class CorruptCheckpointWarning(UserWarning):
+class CrashsafeWarning(UserWarning):
+    """Base class of every warning crashsafe issues (filter them all with this one class)."""
+
+
+class CorruptCheckpointWarning(CrashsafeWarning):
     """Issued when restore skips a damaged checkpoint and falls back to an older one."""
 
 

@@ -370,7 +370,7 @@ class CheckpointManager:
     def gc(self, *, delete_damaged: bool = False) -> list[int]:
         """Apply this manager's retention now (and, with ``delete_damaged``, delete every step that
         does not verify); return the deleted steps. Torn leftovers were removed when it opened."""
-        from crashsafe.verify import verify
+        from crashsafe.verification import verify
 
         root = self._writable()
         self._wait_pending()

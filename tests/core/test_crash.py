@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import crashsafe as cs
-from crashsafe.storage.faults import COMMIT_POINTS
+from crashsafe._faults import COMMIT_POINTS
 from crashsafe.storage.layout import committed_steps
 
 

@@ -12,7 +12,8 @@ import pytest
 
 import crashsafe as cs
 from crashsafe.policies import (
-    All,
+    AllOf,
+    AnyOf,
     Daly,
     EverySteps,
     MaxOverhead,
@@ -22,7 +23,6 @@ from crashsafe.policies import (
     daly_interval,
     policy_from_name,
 )
-from crashsafe.policies import Any as AnyOf
 
 
 def test_young_profiles_once_then_saves_at_its_interval(driver: Any) -> None:
@@ -82,7 +82,7 @@ def test_max_overhead_keeps_stalls_within_the_fraction(driver: Any) -> None:
 
 def test_all_caps_young_with_max_overhead(driver: Any) -> None:
     young_only = driver(Young(mtbf=50.0), dt=1.0, stall=4.0).run(600)  # sqrt(400) = 20 s
-    capped = driver(All(Young(mtbf=50.0), MaxOverhead(0.1)), dt=1.0, stall=4.0).run(600)  # >= 36 s
+    capped = driver(AllOf(Young(mtbf=50.0), MaxOverhead(0.1)), dt=1.0, stall=4.0).run(600)  # >= 36 s
     assert set(np.diff(young_only).tolist()) == {20}
     assert min(np.diff(capped)) >= 36
     either = driver(AnyOf(EverySteps(25), Young(mtbf=50.0)), dt=1.0, stall=4.0).run(100)
@@ -162,3 +162,11 @@ def test_policy_in_the_state_keeps_its_clock_and_cost_across_restarts(tmp_path: 
         assert second.clock.known_cost == pytest.approx(cost)
         assert second.should_save(mgr.context(301)) is False  # no re-profiling, schedule continues
         assert second.clock.now == pytest.approx(clock, abs=0.5)
+
+
+def test_the_old_combinator_names_still_work_with_a_deprecation_warning() -> None:
+    with pytest.warns(DeprecationWarning, match="AnyOf"):
+        from crashsafe.policies import Any as OldAny
+    with pytest.warns(DeprecationWarning, match="AllOf"):
+        old_all = cs.policies.All
+    assert OldAny is AnyOf and old_all is AllOf

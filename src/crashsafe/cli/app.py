@@ -14,7 +14,7 @@ from rich.table import Table
 from crashsafe.errors import CrashsafeError
 from crashsafe.storage.layout import committed_steps
 from crashsafe.storage.localdir import LocalDir
-from crashsafe.verify import VerifyReport, verify
+from crashsafe.verification import VerifyReport, verify
 
 app = typer.Typer(
     name="crashsafe",

@@ -1,6 +1,8 @@
 """Save policies (when to checkpoint) and retention (what to keep)."""
 
-from crashsafe.policies.base import All, Any, EverySeconds, EverySteps, SaveContext, SavePolicy
+import warnings
+
+from crashsafe.policies.base import AllOf, AnyOf, EverySeconds, EverySteps, SaveContext, SavePolicy
 from crashsafe.policies.coci import ConvergenceAware, coci_protected_loss, coci_schedule, value_factor
 from crashsafe.policies.errors import FitError, PolicyError, PolicyWarning
 from crashsafe.policies.fitting import ExpFit, fit_exponential
@@ -11,8 +13,8 @@ from crashsafe.policies.young_daly import Daly, Young, daly_interval, daly_wall_
 
 __all__ = [
     "POLICY_NAMES",
-    "All",
-    "Any",
+    "AllOf",
+    "AnyOf",
     "ConvergenceAware",
     "Daly",
     "EverySeconds",
@@ -35,3 +37,18 @@ __all__ = [
     "value_factor",
     "young_interval",
 ]
+
+
+_RENAMED = {"Any": AnyOf, "All": AllOf}  # old names (they shadowed typing.Any), kept for one release
+
+
+def __getattr__(name: str) -> type:
+    if name in _RENAMED:
+        new = _RENAMED[name]
+        warnings.warn(
+            f"crashsafe.policies.{name} is now {new.__name__}; the old name goes in the next release",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return new
+    raise AttributeError(f"module 'crashsafe.policies' has no attribute {name!r}")

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-__all__ = ["All", "Any", "EverySeconds", "EverySteps", "SaveContext", "SavePolicy"]
+__all__ = ["AllOf", "AnyOf", "EverySeconds", "EverySteps", "SaveContext", "SavePolicy"]
 
 
 @dataclass(frozen=True)
@@ -75,12 +75,12 @@ class EverySeconds:
         return since >= self.seconds
 
 
-class Any:
+class AnyOf:
     """Save when any of the policies says so."""
 
     def __init__(self, *policies: SavePolicy) -> None:
         if not policies:
-            raise ValueError("Any(...) needs at least one policy")
+            raise ValueError("AnyOf(...) needs at least one policy")
         self.policies: tuple[SavePolicy, ...] = policies
 
     def should_save(self, context: SaveContext) -> bool:
@@ -88,19 +88,19 @@ class Any:
         return any([p.should_save(context) for p in self.policies])
 
     def __repr__(self) -> str:
-        return f"Any{self.policies!r}"
+        return f"AnyOf{self.policies!r}"
 
 
-class All:
+class AllOf:
     """Save only when all of the policies agree."""
 
     def __init__(self, *policies: SavePolicy) -> None:
         if not policies:
-            raise ValueError("All(...) needs at least one policy")
+            raise ValueError("AllOf(...) needs at least one policy")
         self.policies: tuple[SavePolicy, ...] = policies
 
     def should_save(self, context: SaveContext) -> bool:
         return all([p.should_save(context) for p in self.policies])
 
     def __repr__(self) -> str:
-        return f"All{self.policies!r}"
+        return f"AllOf{self.policies!r}"

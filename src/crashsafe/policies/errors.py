@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from crashsafe.errors import CrashsafeError
+from crashsafe.errors import CrashsafeError, CrashsafeWarning
 
 __all__ = ["FitError", "PolicyError", "PolicyWarning"]
 
@@ -15,5 +15,5 @@ class FitError(PolicyError):
     """A loss curve could not be fitted; the caller falls back or asks for more samples."""
 
 
-class PolicyWarning(UserWarning):
+class PolicyWarning(CrashsafeWarning):
     """A policy switched to its documented fallback (e.g. the loss curve could not be fitted)."""

@@ -18,7 +18,7 @@ class MaxOverhead:
 
     With measured cost δ, a save is allowed once δ/(Δ + δ) ≤ fraction, i.e. after Δ ≥ δ·(1 − f)/f
     seconds of training. Alone it saves as often as that allows (CheckFreq's 5% rule, adapted to the
-    measured cost as it changes); as a cap, combine it: ``All(Young("4h"), MaxOverhead(0.05))``.
+    measured cost as it changes); as a cap, combine it: ``AllOf(Young("4h"), MaxOverhead(0.05))``.
     Other arguments as for :class:`~crashsafe.policies.Young`.
     """
 

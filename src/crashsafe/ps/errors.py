@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from crashsafe.errors import CrashsafeError
+from crashsafe.errors import CrashsafeError, CrashsafeWarning
 
 __all__ = ["DataLossError", "DataLossWarning", "PSConfigError", "PSError", "ServerRecoveringError"]
 
@@ -23,5 +23,5 @@ class DataLossError(PSError):
     """More copies failed than the replication factor tolerates and no checkpoint can cover it."""
 
 
-class DataLossWarning(UserWarning):
+class DataLossWarning(CrashsafeWarning):
     """More copies failed than the replication factor tolerates; the job rolled back to a checkpoint."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from crashsafe.errors import CrashsafeError
+from crashsafe.errors import CrashsafeError, CrashsafeWarning
 
 __all__ = [
     "CorruptShelfError",
@@ -29,5 +29,5 @@ class ShelfFullError(ShelfError, MemoryError):
     """The arena (or its metadata area) has no room; the shelf's committed data is intact."""
 
 
-class ShelfRecoveredWarning(UserWarning):
+class ShelfRecoveredWarning(CrashsafeWarning):
     """Opening a shelf rolled back a transaction that a crash left incomplete."""

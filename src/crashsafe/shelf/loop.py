@@ -29,11 +29,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 import xxhash
 
+import crashsafe._faults as faults
 from crashsafe.shelf.errors import CorruptShelfError, ShelfError
 from crashsafe.shelf.layout import LOOP_BEGUN, LOOP_BEGUN_MAGIC, LOOP_MAGIC, LoopLayout, Superblock
 from crashsafe.shelf.meta import Entry, Meta, commit_record, read_newest
 from crashsafe.shelf.recovery import Incomplete
-from crashsafe.storage import faults
 
 if TYPE_CHECKING:
     from crashsafe.shelf.shelf import Shelf

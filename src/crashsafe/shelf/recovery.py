@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import xxhash
 
+import crashsafe._faults as faults
 from crashsafe.shelf.errors import CorruptShelfError
 from crashsafe.shelf.layout import RECORD_BYTES, Record, Superblock
 from crashsafe.shelf.meta import Meta
-from crashsafe.storage import faults
 
 __all__ = ["Incomplete", "restore", "scan"]
 

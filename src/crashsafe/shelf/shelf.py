@@ -36,6 +36,7 @@ from typing import Any, Literal
 import numpy as np
 import xxhash
 
+import crashsafe._faults as faults
 from crashsafe._torch import is_tensor
 from crashsafe.errors import UnsupportedStateError
 from crashsafe.shelf import loop as loops
@@ -65,7 +66,6 @@ from crashsafe.shelf.meta import (
     scalar_ok,
     scalar_type,
 )
-from crashsafe.storage import faults
 
 __all__ = ["RecoveryInfo", "Shelf", "Transaction", "TxMode", "VarInfo"]
 

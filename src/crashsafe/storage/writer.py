@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import xxhash
 
+import crashsafe._faults as faults
 from crashsafe.codecs.base import BytesLike
 from crashsafe.errors import (
     CheckpointExistsError,
@@ -27,7 +28,6 @@ from crashsafe.errors import (
     UnsupportedStateError,
 )
 from crashsafe.format.manifest import MANIFEST_NAME, Manifest, dumps, loads
-from crashsafe.storage import faults
 from crashsafe.storage.layout import TMP_PREFIX, TRASH_PREFIX, step_name
 from crashsafe.storage.localdir import LocalDir
 

@@ -5,7 +5,7 @@ import sys
 import numpy as np
 
 import crashsafe as cs
-from crashsafe.storage import faults
+import crashsafe._faults as faults
 
 directory, point, mode = sys.argv[1], sys.argv[2], sys.argv[3]
 with cs.CheckpointManager(directory, keep_last=1, async_save=(mode == "async")) as mgr:

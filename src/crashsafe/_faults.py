@@ -1,4 +1,5 @@
-"""Named points of the commit protocol where tests kill the process for real.
+"""Named points of crashsafe's commit protocols (checkpoint steps, the shelf) where tests kill the
+process for real. Any layer may mark its points here; nothing here imports crashsafe.
 
 A test child process calls :func:`arm` (or sets ``CRASHSAFE_KILL_AT=<point>`` in its environment)
 and SIGKILLs itself when it reaches that point (``<point>:<n>``: the n-th time it gets there, to
