@@ -2,56 +2,23 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, TextColumn
 from rich.table import Table
 
+from crashsafe.cli._common import age, command_group, console, err, fail, human_bytes, progress_bar
 from crashsafe.errors import CrashsafeError
 from crashsafe.storage.layout import committed_steps
 from crashsafe.storage.localdir import LocalDir
 from crashsafe.verification import VerifyReport, verify
 
-app = typer.Typer(
-    name="crashsafe",
-    help="Crash-consistent, verified checkpoints for ML training.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
-console = Console()
-err = Console(stderr=True)
+app = command_group("crashsafe", "Crash-consistent, verified checkpoints for ML training.")
 
 Dir = Annotated[Path, typer.Argument(help="checkpoint directory")]
 StepOpt = Annotated[int | None, typer.Option("--step", "-s", help="step (default: newest intact)")]
-
-
-def _fail(message: str, code: int = 2) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {message}")
-    return typer.Exit(code)
-
-
-def human_bytes(n: float) -> str:
-    """1536 -> '1.5 KiB'."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
-def _age(created: float | None) -> str:
-    if created is None:
-        return "?"
-    s = max(0.0, time.time() - created)
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if s >= size:
-            return f"{s / size:.1f}{unit}"
-    return f"{s:.0f}s"
 
 
 def _steps(directory: Path) -> list[int]:
@@ -59,19 +26,12 @@ def _steps(directory: Path) -> list[int]:
         with LocalDir.open(directory) as root:
             return committed_steps(root)
     except OSError:
-        raise _fail(f"{directory} is not a directory") from None
+        raise fail(f"{directory} is not a directory") from None
 
 
 def _verify_with_progress(directory: Path) -> VerifyReport:
     steps = _steps(directory)
-    with Progress(
-        TextColumn("[bold]verifying"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total} steps"),
-        TimeElapsedColumn(),
-        console=err,
-        transient=True,
-    ) as progress:
+    with progress_bar("verifying", "{task.completed}/{task.total} steps") as progress:
         task = progress.add_task("verify", total=len(steps))
         return verify(directory, progress=lambda _: progress.advance(task), steps=steps)
 
@@ -93,7 +53,7 @@ def ls_cmd(directory: Dir) -> None:
             human_bytes(r.stored_bytes),
             human_bytes(r.raw_bytes) if r.ok else "-",
             ratio,
-            _age(r.created),
+            age(r.created),
             status,
         )
     console.print(table)
@@ -108,7 +68,7 @@ def show_cmd(directory: Dir, step: StepOpt = None) -> None:
         mgr = CheckpointManager(directory, read_only=True)
         manifest = mgr.manifest(step)
     except CrashsafeError as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     table = Table(title=f"{directory} step {manifest.step}")
     for col in ("path", "kind", "dtype", "shape", "codec", "delta of", "raw", "stored", "ratio"):
         table.add_column(col, justify="right" if col in ("delta of", "raw", "stored", "ratio") else "left")
@@ -186,7 +146,7 @@ def export_cmd(
                 directory, output, step=step, prefix=prefix, progress=tick
             )
     except CrashsafeError as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     console.print(f"wrote {count} tensors ({human_bytes(nbytes)}) of step {found} to {output}")
 
 
@@ -202,7 +162,7 @@ def gc_cmd(
     from crashsafe.storage.layout import leftovers
 
     if not directory.is_dir():
-        raise _fail(f"{directory} is not a directory")
+        raise fail(f"{directory} is not a directory")
     with LocalDir.open(directory) as root:
         torn = leftovers(root)
     try:  # opening as the writer removes torn leftovers; gc keeps every delta base a kept step needs
@@ -212,13 +172,15 @@ def gc_cmd(
             deleted = mgr.gc(delete_damaged=delete_damaged)
             kept = mgr.steps()
     except CrashsafeError as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     console.print(f"deleted {len(deleted)} steps and {len(torn)} leftovers; kept {kept}")
 
 
 @app.command("demo")
 def demo_cmd(
-    directory: Annotated[Path | None, typer.Option(help="work directory (default: a temp dir)")] = None,
+    directory: Annotated[
+        Path | None, typer.Option(help="work directory, kept (default: a temporary one, removed at the end)")
+    ] = None,
     kills: Annotated[int, typer.Option(help="how many times to SIGKILL the trainer")] = 3,
     steps: Annotated[int, typer.Option(help="training steps")] = 600,
     seed: Annotated[int, typer.Option(help="seed of the kill times")] = 0,

@@ -131,7 +131,7 @@ def demo_cmd(
 
 
 def _summary(result: RunResult, reference: RunResult | None, identical: bool) -> None:
-    from crashsafe.cli.app import human_bytes
+    from crashsafe.cli._common import human_bytes
 
     table = Table(title="parameter server: run with failures")
     table.add_column("measure")

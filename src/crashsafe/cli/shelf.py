@@ -7,19 +7,12 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
 from rich.table import Table
 
-app = typer.Typer(
-    name="shelf",
-    help="Inspect persistent-memory shelves (crash-consistent in-place state).",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
-console = Console()
-err = Console(stderr=True)
+from crashsafe.cli._common import command_group, console, err, fail, human_bytes
+
+app = command_group("shelf", "Inspect persistent-memory shelves (crash-consistent in-place state).")
 
 
 def _when(timestamp: object) -> str:
@@ -42,7 +35,6 @@ def inspect_cmd(
 ) -> None:
     """List variables (type, shape, size, version), the last committed transaction, and any
     transaction a crash left to roll back. Exits 1 if a variable fails its checksum."""
-    from crashsafe.cli.app import human_bytes
     from crashsafe.errors import CrashsafeError
     from crashsafe.shelf.inspect import inspect_shelf
 
@@ -54,8 +46,7 @@ def inspect_cmd(
                                    progress=lambda done, total: progress.update(task, completed=done,
                                                                                 total=total))
     except CrashsafeError as exc:
-        err.print(f"[bold red]error:[/] {exc}")
-        raise typer.Exit(2) from None
+        raise fail(str(exc)) from None
     table = Table(title=f"{path}  (format {report.format_version}, created {_when(report.created)})")
     for col in ("variable", "kind", "dtype", "shape", "bytes", "version", "value", "status"):
         table.add_column(col, justify="right" if col in ("bytes", "version") else "left")

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from crashsafe.cli._common import console, err, fail
+
 if TYPE_CHECKING:
     from crashsafe.sim import EndRule, FailureModel, Profile, SimResult
 
@@ -30,21 +32,21 @@ def simulate_cmd(
     steps: Annotated[int, typer.Option(help="resample shorter curves to this many steps")] = 20000,
     trials: Annotated[int, typer.Option(help="Monte Carlo trials (seeded)")] = 1000,
     seed: Annotated[int, typer.Option(help="seed of the failure draws")] = 0,
-    plot: Annotated[Path, typer.Option(help="where to write the PNG")] = Path("simulate.png"),
+    plot: Annotated[Path, typer.Option(help="where to write the plot (a PNG); default: simulate.png in "
+                                            "the current directory")] = Path("simulate.png"),
 ) -> None:
     """Replay policies on a training profile under Monte Carlo failures; print a table, write a plot."""
     import warnings
 
-    from rich.console import Console
     from rich.progress import Progress
     from rich.table import Table
 
+    from crashsafe._units import parse_duration
     from crashsafe.errors import CrashsafeError
-    from crashsafe.policies import PolicyWarning, parse_duration, policy_from_name
+    from crashsafe.policies import PolicyWarning, policy_from_name
     from crashsafe.sim import paired_ratio, simulate
     from crashsafe.sim.plot import plot_comparison
 
-    console, err = Console(), Console(stderr=True)
     try:
         profile = _profile(loss_curve, job, ckpt_cost, persist, restart, steps)
         end_rule, failure_model = _end_rule(end), _failures(failures, mtbf)
@@ -61,8 +63,7 @@ def simulate_cmd(
                                         name=name))
                 progress.advance(task)
     except CrashsafeError as exc:
-        err.print(f"[bold red]error:[/] {exc}")
-        raise typer.Exit(2) from None
+        raise fail(str(exc)) from None
 
     compute_h = results[0].outcomes.compute / 3600.0
     table = Table(title=f"{trials} trials · MTBF {mtbf} · checkpoint {ckpt_cost} · job {compute_h:.3g} h "
@@ -87,7 +88,7 @@ def simulate_cmd(
                   "+ rolled-back loss decrease priced at the job's mean convergence rate; "
                   "vs 1st = paired ratio")
     plot_comparison(results, profile, plot, title=f"MTBF {mtbf}, checkpoint {ckpt_cost}")
-    console.print(f"plot: {plot}")
+    console.print(f"wrote the plot to {plot.resolve()}")
 
 
 def _hours(result: SimResult, metric: str) -> str:
@@ -100,7 +101,7 @@ def _profile(
 ) -> Profile:
     import math
 
-    from crashsafe.policies import parse_duration
+    from crashsafe._units import parse_duration
     from crashsafe.sim import LossCurve, Profile, SimulationError
 
     if path is None:

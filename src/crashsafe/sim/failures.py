@@ -15,8 +15,7 @@ from typing import Protocol
 
 import numpy as np
 
-from crashsafe.policies.errors import PolicyError
-from crashsafe.policies.units import parse_duration
+from crashsafe._units import UnitError, parse_duration
 from crashsafe.sim.errors import SimulationError
 
 __all__ = ["Exponential", "FailureModel", "Trace", "Weibull"]
@@ -34,7 +33,7 @@ class FailureModel(Protocol):
 def _mtbf(value: float | str) -> float:
     try:
         seconds = parse_duration(value, "mtbf")
-    except PolicyError as exc:
+    except UnitError as exc:
         raise SimulationError(str(exc)) from None
     if seconds <= 0:
         raise SimulationError(f"mtbf must be positive, got {value!r}")
@@ -135,6 +134,6 @@ class Trace:
                 continue
             try:
                 times.append(parse_duration(field, f"{path.name}:{number}"))
-            except PolicyError as exc:
+            except UnitError as exc:
                 raise SimulationError(str(exc)) from None
         return cls(tuple(times), randomize)

@@ -5,8 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from crashsafe.policies.errors import PolicyError
-from crashsafe.policies.units import parse_duration
+from crashsafe._units import UnitError, parse_duration
 from crashsafe.sim.curve import LossCurve
 from crashsafe.sim.errors import SimulationError
 
@@ -16,7 +15,7 @@ __all__ = ["Profile"]
 def _seconds(value: float | str, name: str) -> float:
     try:
         seconds = parse_duration(value, name)
-    except PolicyError as exc:
+    except UnitError as exc:
         raise SimulationError(str(exc)) from None
     if not math.isfinite(seconds):
         raise SimulationError(f"{name} must be finite, got {value!r}")
