@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import signal
 
-__all__ = ["COMMIT_POINTS", "SHELF_ARMED", "arm", "reached", "write_in_halves"]
+__all__ = ["COMMIT_POINTS", "OBJECT_COMMIT_POINTS", "SHELF_ARMED", "arm", "reached", "write_in_halves"]
 
 COMMIT_POINTS = (
     "after_mkdir_tmp",
@@ -25,6 +25,8 @@ COMMIT_POINTS = (
     "after_trash_rename",
     "mid_delete",
 )
+# the manifest-last protocol of object stores (storage/objectstore.py); mid_data and mid_delete too
+OBJECT_COMMIT_POINTS = ("mid_upload", "after_upload_data", "after_put_manifest", "after_unlink_manifest")
 
 _KILL_AT, _, _NTH = (os.environ.get("CRASHSAFE_KILL_AT") or "").partition(":")
 _LEFT = int(_NTH or 1)  # arrivals at _KILL_AT before the one that dies
@@ -34,8 +36,9 @@ SHELF_ARMED = _KILL_AT.startswith("shelf_")  # the shelf's hot paths test this, 
 def arm(point: str | None, nth: int = 1) -> None:
     """Make this process SIGKILL itself the ``nth`` time it reaches ``point`` (None disarms)."""
     global _KILL_AT, _LEFT
-    if point is not None and point not in COMMIT_POINTS:
-        raise ValueError(f"unknown commit point {point!r}; known: {', '.join(COMMIT_POINTS)}")
+    known = COMMIT_POINTS + OBJECT_COMMIT_POINTS
+    if point is not None and point not in known:
+        raise ValueError(f"unknown commit point {point!r}; known: {', '.join(known)}")
     _KILL_AT, _LEFT = point or "", nth
 
 

@@ -27,8 +27,7 @@ from crashsafe.errors import CodecError, CorruptCheckpointError, NoCheckpointErr
 from crashsafe.format.dtypes import storage_dtype
 from crashsafe.format.manifest import Manifest, PayloadEntry
 from crashsafe.policies.retention import steps_to_delete
-from crashsafe.storage.layout import committed_steps
-from crashsafe.storage.localdir import LocalDir
+from crashsafe.storage.base import Store
 from crashsafe.storage.reader import StepReader, read_manifest
 
 __all__ = ["ChainReader", "direct_bases", "doomed_steps", "protected_steps", "read_step"]
@@ -43,7 +42,7 @@ def direct_bases(manifest: Manifest) -> frozenset[int]:
 
 
 def protected_steps(
-    root: LocalDir, keep: Iterable[int], known: MutableMapping[int, frozenset[int]] | None = None
+    store: Store, keep: Iterable[int], known: MutableMapping[int, frozenset[int]] | None = None
 ) -> frozenset[int]:
     """Every step the steps in ``keep`` need to stay restorable, through all their chains.
 
@@ -58,7 +57,7 @@ def protected_steps(
         bases = cache.get(step)
         if bases is None:
             try:
-                bases = direct_bases(read_manifest(root, step))
+                bases = direct_bases(read_manifest(store, step))
             except (CorruptCheckpointError, NoCheckpointError):
                 bases = frozenset()
             cache[step] = bases
@@ -69,7 +68,7 @@ def protected_steps(
 
 
 def doomed_steps(
-    root: LocalDir,
+    store: Store,
     keep_last: int | None,
     keep_every: int | None,
     known: MutableMapping[int, frozenset[int]] | None = None,
@@ -77,16 +76,16 @@ def doomed_steps(
 ) -> list[int]:
     """Committed steps retention may delete: those the policy drops, minus the steps in ``keep``
     and every delta base a kept step still needs (``known`` as in :func:`protected_steps`)."""
-    steps = committed_steps(root)
+    steps = store.steps()
     pinned = frozenset(keep)
     dropped = set(steps_to_delete(steps, keep_last, keep_every, pinned))
-    needed = protected_steps(root, [s for s in steps if s not in dropped], known)
+    needed = protected_steps(store, [s for s in steps if s not in dropped], known)
     return steps_to_delete(steps, keep_last, keep_every, needed | pinned)
 
 
-def read_step(root: LocalDir, step: int) -> tuple[Manifest, list[np.ndarray[Any, Any]]]:
+def read_step(store: Store, step: int) -> tuple[Manifest, list[np.ndarray[Any, Any]]]:
     """The manifest of ``step`` and every payload decoded (storage dtype), through delta chains."""
-    with ChainReader(root) as chains:
+    with ChainReader(store) as chains:
         arrays = [array for _, array in chains.payloads(step)]
         return chains.manifest(step), arrays
 
@@ -99,8 +98,8 @@ class ChainReader:
     consecutive steps (as verification does) decodes every link of a chain once, not once per step.
     """
 
-    def __init__(self, root: LocalDir, *, keep_references: bool = False) -> None:
-        self.root = root
+    def __init__(self, store: Store, *, keep_references: bool = False) -> None:
+        self.store = store
         self._readers: OrderedDict[int, StepReader] = OrderedDict()
         self._references: dict[str, tuple[int, Reference]] | None = {} if keep_references else None
 
@@ -157,7 +156,7 @@ class ChainReader:
         """(step, entry) from the full payload up to ``entry``, every link validated."""
         links = [(step, entry)]
         link = entry
-        where = f"checkpoint step {step} in {self.root.path}: payload '{entry.path}'"
+        where = f"checkpoint step {step} in {self.store.location}: payload '{entry.path}'"
         while link.base is not None:
             base = link.base
             try:
@@ -199,7 +198,7 @@ class ChainReader:
         if reader is not None:
             self._readers.move_to_end(step)
             return reader
-        reader = self._readers[step] = StepReader(self.root, step)
+        reader = self._readers[step] = StepReader(self.store, step)
         if len(self._readers) > _OPEN_READERS:
             self._readers.popitem(last=False)[1].close()
         return reader

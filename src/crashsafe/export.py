@@ -10,8 +10,7 @@ import numpy as np
 
 from crashsafe.chain import read_step
 from crashsafe.errors import CrashsafeError, NoCheckpointError
-from crashsafe.storage.layout import committed_steps
-from crashsafe.storage.localdir import LocalDir
+from crashsafe.storage.stores import open_store
 
 __all__ = ["export_safetensors"]
 
@@ -30,17 +29,16 @@ def export_safetensors(
     """
     from safetensors.numpy import save_file
 
+    store = open_store(directory)
     try:
-        root = LocalDir.open(directory)
-    except OSError:
-        raise NoCheckpointError(f"{directory} is not a checkpoint directory") from None
-    with root:
         if step is None:
-            steps = committed_steps(root)
+            steps = store.steps()
             if not steps:
                 raise NoCheckpointError(f"no committed checkpoint in {directory}")
             step = steps[-1]
-        manifest, arrays = read_step(root, step)  # verified, and through delta chains
+        manifest, arrays = read_step(store, step)  # verified, and through delta chains
+    finally:
+        store.close()
     tensors: dict[str, np.ndarray] = {}
     bf16: list[str] = []
     entries = [

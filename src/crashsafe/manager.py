@@ -9,53 +9,44 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fnmatch
 import math
 import os
 import signal
 import threading
 import time
-import warnings
 from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
 import numpy as np
 
-from crashsafe.chain import doomed_steps, protected_steps, read_step
-from crashsafe.codecs.base import BytesLike, Codec, DeltaCodec, Reference
-from crashsafe.codecs.registry import get_codec
+from crashsafe.chain import doomed_steps, protected_steps
+from crashsafe.encoding import CodecSpec, SavePlanner
 from crashsafe.errors import (
     CheckpointExistsError,
     CorruptCheckpointError,
-    CorruptCheckpointWarning,
     CrashsafeError,
     NoCheckpointError,
     SaveFailedError,
-    StorageError,
     UnsupportedStateError,
 )
-from crashsafe.format.dtypes import FLOAT_DTYPES
 from crashsafe.format.manifest import MAX_STEP, Manifest, PayloadEntry
+from crashsafe.loading import newest_intact, read_state
 from crashsafe.policies.base import EverySteps, SaveContext, SavePolicy
 from crashsafe.policies.retention import validate_retention
-from crashsafe.state.rebuild import apply_into, check_into, to_value, unflatten
+from crashsafe.state.rebuild import apply_into, check_into
 from crashsafe.state.staging import StagingPool, view_bytes
 from crashsafe.state.tree import ArrayLeaf, flatten
-from crashsafe.storage.layout import committed_steps, leftovers
-from crashsafe.storage.localdir import LocalDir
-from crashsafe.storage.lock import WriterLock
+from crashsafe.storage.base import Lock, Store
 from crashsafe.storage.reader import read_manifest
-from crashsafe.storage.writer import StepWriter, delete_steps, remove_leftovers, storage_error
+from crashsafe.storage.stores import open_store
+from crashsafe.storage.writer import StepWriter, delete_steps
 
 __all__ = ["CheckpointManager", "CodecSpec", "SaveStats"]
 
-CodecSpec = str | Codec | Mapping[str, str | Codec] | None
 _VERSION = "0.1.0"
-_READ_ATTEMPTS = 5  # a reader re-lists the steps this often when every step it tried vanished
 
 
 @dataclass(frozen=True)
@@ -73,7 +64,8 @@ class CheckpointManager:
     """Saves and restores training state in ``directory``, one ``step_<n>`` per committed step.
 
     Args:
-        directory: where checkpoints live (created if missing).
+        directory: where checkpoints live: a local directory (created if missing), or an fsspec
+            URL such as ``s3://bucket/run`` (see docs/storage.md).
         keep_last: keep the newest N committed steps (None keeps all).
         keep_every: also keep every step that is a multiple of this.
         async_save: persist in a background thread after a memcpy snapshot.
@@ -86,6 +78,8 @@ class CheckpointManager:
         policy: decides ``maybe_save``; default saves at every call.
         read_only: open for reading only (no lock; save is refused).
         save_on_sigterm: on SIGTERM, the next ``save``/``maybe_save`` commits, then exits (143).
+        storage_options: for a URL, passed to fsspec as they are (key, secret,
+            ``client_kwargs={"endpoint_url": ...}``).
     """
 
     def __init__(
@@ -100,21 +94,20 @@ class CheckpointManager:
         policy: SavePolicy | None = None,
         read_only: bool = False,
         save_on_sigterm: bool = False,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         validate_retention(keep_last, keep_every)
-        self.directory = Path(directory)
+        self.directory = os.fspath(directory)
+        self._storage_options = dict(storage_options or {})
         self.keep_last = keep_last
         self.keep_every = keep_every
         self.async_save = async_save
         self.read_only = read_only
         self.policy: SavePolicy = policy if policy is not None else EverySteps(1)
-        self._codecs = _parse_codecs(codec)
-        self._lossless = _parse_patterns(lossless)
-        self._tracks: dict[str, _Track] = {}  # per delta-coded path: what its next delta is against
+        self._planner = SavePlanner(codec, lossless)
         self._bases: dict[int, frozenset[int]] = {}  # step -> steps its deltas need (cache)
-        self._committed = 0  # saves committed by this manager: delta chains restart at multiples
-        self._lock: WriterLock | None = None
-        self._dir: LocalDir | None = None  # a writer's directory, held open for its lifetime
+        self._lock: Lock | None = None
+        self._store: Store | None = None  # a writer's store, held open for its lifetime
         self._pool = StagingPool() if async_save else None
         self._executor: ThreadPoolExecutor | None = None
         self._pending: Future[SaveStats] | None = None
@@ -127,20 +120,15 @@ class CheckpointManager:
         self._previous_handler: Any = None
         self._closed = False
         if read_only:
-            if not self.directory.is_dir():
-                raise NoCheckpointError(f"checkpoint directory {self.directory} does not exist")
+            open_store(self.directory, storage_options=self._storage_options).close()  # it must exist
             return
+        self._store = open_store(self.directory, storage_options=self._storage_options, create=True)
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            self._dir = LocalDir.open(self.directory)
-        except OSError as exc:
-            raise storage_error(exc, f"creating the checkpoint directory {self.directory}") from None
-        try:
-            self._lock = WriterLock(self._dir)
+            self._lock = self._store.lock()
         except BaseException:
-            self._dir.close()
+            self._store.close()
             raise
-        remove_leftovers(self._dir, leftovers(self._dir))
+        self._store.remove_leftovers(self._store.leftovers())
         if async_save:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="crashsafe-persist")
         if save_on_sigterm:
@@ -150,7 +138,7 @@ class CheckpointManager:
 
     def save(self, step: int, state: Mapping[str, Any], metrics: Mapping[str, Any] | None = None) -> None:
         """Checkpoint ``state`` as ``step``. Returns once the state is copied (async) or committed."""
-        root = self._writable()
+        store = self._writable()
         if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or not 0 <= step <= MAX_STEP:
             raise ValueError(f"step must be a non-negative int below 2**63, got {step!r}")
         step = int(step)
@@ -158,8 +146,8 @@ class CheckpointManager:
             raise UnsupportedStateError(f"state must be a dict of named values, got a {type(state).__name__}")
         begin = time.perf_counter()
         self._wait_pending()
-        self._check_directory(root, f"saving step {step}")
-        committed = frozenset(committed_steps(root))
+        self._check_store(store, f"saving step {step}")
+        committed = frozenset(store.steps())
         if step in committed:
             raise CheckpointExistsError(
                 f"step {step} is already committed in {self.directory}; committed checkpoints are "
@@ -175,7 +163,7 @@ class CheckpointManager:
         self._last_save = (step, self._train_time())
 
         def persist() -> SaveStats:
-            return self._persist(root, step, committed, tree, leaves, arrays, clean_metrics, stall)
+            return self._persist(store, step, committed, tree, leaves, arrays, clean_metrics, stall)
 
         if self._executor is None:  # sync: the loop also waits for the write and the commit
             stats = persist()
@@ -237,7 +225,7 @@ class CheckpointManager:
 
     def _persist(
         self,
-        root: LocalDir,
+        store: Store,
         step: int,
         committed: frozenset[int],
         tree: dict[str, Any],
@@ -247,18 +235,13 @@ class CheckpointManager:
         stall: float,
     ) -> SaveStats:
         begin = time.perf_counter()
-        writer = StepWriter(root, step)
-        tracks: dict[str, _Track] = {}
+        writer = StepWriter(store, step)
         try:
             entries = []
             for leaf, array in zip(leaves, arrays, strict=True):
-                codec = self._codec_for(leaf)
-                base = None
-                if isinstance(codec, DeltaCodec):
-                    payload, base, tracks[leaf.path] = self._encode_delta(codec, leaf, array, step, committed)
-                else:
-                    payload = codec.encode(array)
-                file, offset, nbytes, digest = writer.write_payload(payload)
+                encoded = self._planner.encode(leaf, array, step, committed)
+                file, offset, nbytes, digest = writer.write_payload(encoded.payload)
+                config = encoded.codec.get_config()
                 entries.append(
                     PayloadEntry(
                         leaf.path,
@@ -269,8 +252,8 @@ class CheckpointManager:
                         offset,
                         nbytes,
                         digest,
-                        codec.get_config(),
-                        base,
+                        config,
+                        encoded.base,
                     )
                 )
             manifest = Manifest(
@@ -278,74 +261,30 @@ class CheckpointManager:
                 created=time.time(),
                 tree=tree,
                 payloads=tuple(entries),
-                files={"data.bin": writer.offset},
+                files=writer.files(),
                 metrics=metrics,
                 info={"crashsafe": _VERSION},
             )
             writer.commit(manifest)
         except BaseException:
             writer.abort()
-            self._tracks = {}  # references were advanced in place for a step that never committed
+            self._planner.reset()  # references were advanced in place for a step that never committed
             raise
-        self._tracks = tracks
+        self._planner.committed()
         self._bases[step] = frozenset(e.base for e in entries if e.base is not None)
-        self._committed += 1
         persisted = time.perf_counter() - begin  # durable and committed; retention comes after
-        self._apply_retention(root, step)
+        self._apply_retention(store, step)
         return SaveStats(step, stall, persisted, manifest.raw_nbytes, manifest.stored_nbytes)
 
-    def _codec_for(self, leaf: ArrayLeaf) -> Codec:
-        exact = (
-            leaf.dtype not in FLOAT_DTYPES
-            or leaf.kind == "bytes"
-            or any(fnmatch.fnmatchcase(leaf.path, pattern) for pattern in self._lossless)
-        )
-        for pattern, codec in self._codecs:
-            if fnmatch.fnmatchcase(leaf.path, pattern):
-                if codec.lossy and exact:
-                    continue
-                return codec
-        return get_codec("raw")
-
-    def _encode_delta(
-        self,
-        codec: DeltaCodec,
-        leaf: ArrayLeaf,
-        array: np.ndarray[Any, Any],
-        step: int,
-        committed: frozenset[int],
-    ) -> tuple[BytesLike, int | None, _Track]:
-        """Encode against the path's previous save, or start a new chain with a full save.
-
-        Full saves fall on every ``full_every``-th save of this manager (not of the path), so the
-        chains of paths whose ``full_every`` divide each other restart together and retention
-        can drop whole old steps. A chain also restarts when its last step is no longer committed
-        or is not earlier than ``step`` (a save below an earlier one): a base is always an earlier,
-        committed step, or the reader would refuse the delta.
-        """
-        track = self._tracks.get(leaf.path)
-        if (
-            track is not None
-            and track.step < step
-            and track.step in committed
-            and track.codec == codec
-            and (track.dtype, track.shape) == (leaf.dtype, leaf.shape)
-            and self._committed % codec.full_every != 0
-        ):
-            payload, reference = codec.encode_delta(array, track.reference)
-            return payload, track.step, _Track(codec, leaf.dtype, leaf.shape, step, reference)
-        payload, reference = codec.encode_delta(array, None)
-        return payload, None, _Track(codec, leaf.dtype, leaf.shape, step, reference)
-
-    def _apply_retention(self, root: LocalDir, saved: int) -> list[int]:
+    def _apply_retention(self, store: Store, saved: int) -> list[int]:
         """Delete what the retention policy drops, except steps a kept step's delta chain needs and
         the step just ``saved`` (even when it is older than others, e.g. after a rewind)."""
-        doomed = doomed_steps(root, self.keep_last, self.keep_every, self._bases, keep=[saved])
-        self._delete(root, doomed)
+        doomed = doomed_steps(store, self.keep_last, self.keep_every, self._bases, keep=[saved])
+        self._delete(store, doomed)
         return doomed
 
-    def _delete(self, root: LocalDir, steps: list[int]) -> None:
-        delete_steps(root, steps)  # dependants before their bases
+    def _delete(self, store: Store, steps: list[int]) -> None:
+        delete_steps(store, steps)  # dependants before their bases
         for step in steps:
             self._bases.pop(step, None)
 
@@ -354,31 +293,32 @@ class CheckpointManager:
 
         Refuses, deleting nothing, if a step that stays needs one of them as a delta base.
         """
-        root = self._writable()
+        store = self._writable()
         self._wait_pending()
-        self._check_directory(root, "deleting steps")
-        doomed = sorted(set(steps) & set(committed_steps(root)))
-        staying = [s for s in committed_steps(root) if s not in doomed]
-        needed = sorted(protected_steps(root, staying, self._bases) & set(doomed))
+        self._check_store(store, "deleting steps")
+        committed = store.steps()
+        doomed = sorted(set(steps) & set(committed))
+        staying = [s for s in committed if s not in doomed]
+        needed = sorted(protected_steps(store, staying, self._bases) & set(doomed))
         if needed:
             raise CrashsafeError(
                 f"cannot delete step {needed[0]}: a step that stays is a delta of it. Delete the steps "
                 "that depend on it too, or keep it"
             )
-        self._delete(root, doomed)
+        self._delete(store, doomed)
 
     def gc(self, *, delete_damaged: bool = False) -> list[int]:
         """Apply this manager's retention now (and, with ``delete_damaged``, delete every step that
         does not verify); return the deleted steps. Torn leftovers were removed when it opened."""
         from crashsafe.verification import verify
 
-        root = self._writable()
+        store = self._writable()
         self._wait_pending()
-        self._check_directory(root, "collecting garbage")
-        doomed = set(doomed_steps(root, self.keep_last, self.keep_every, self._bases))
+        self._check_store(store, "collecting garbage")
+        doomed = set(doomed_steps(store, self.keep_last, self.keep_every, self._bases))
         if delete_damaged:
-            doomed |= {r.step for r in verify(self.directory).damaged}
-        self._delete(root, sorted(doomed))
+            doomed |= {r.step for r in verify(self.directory, storage_options=self._storage_options).damaged}
+        self._delete(store, sorted(doomed))
         return sorted(doomed)
 
     def _wait_pending(self) -> None:
@@ -395,43 +335,39 @@ class CheckpointManager:
                 f"saving step {step} in the background failed: {exc!r}. Committed checkpoints are intact."
             ) from exc
 
-    def _writable(self) -> LocalDir:
+    def _writable(self) -> Store:
         if self._closed:
             raise CrashsafeError("this CheckpointManager is closed; create a new one")
-        if self.read_only or self._dir is None:
+        if self.read_only or self._store is None:
             raise CrashsafeError(
                 f"{self.directory} was opened read_only; open it without read_only=True to save"
             )
-        return self._dir
+        return self._store
 
-    def _check_directory(self, root: LocalDir, doing: str) -> None:
-        """Refuse to go on if the directory was deleted or replaced under this writer: its lock
-        no longer guards the path, and writing on would fork the run."""
-        if not root.is_current():
-            raise storage_error(FileNotFoundError(), doing, root)
+    def _check_store(self, store: Store, doing: str) -> None:
+        """Refuse to go on if the location was deleted or replaced under this writer, or its lock
+        was lost: writing on would fork the run."""
+        store.check_current(doing)
+        if self._lock is not None:
+            self._lock.check()
 
     @contextlib.contextmanager
-    def _root(self) -> Iterator[LocalDir]:
-        """The directory to read: a writer's own handle, or (readers) the path opened afresh, so a
-        reader follows a directory that is replaced."""
-        if self._dir is not None and not self._closed:
-            yield self._dir
+    def _reading(self) -> Iterator[Store]:
+        """The store to read: a writer's own, or (readers) the location opened afresh, so a reader
+        follows a directory that is replaced."""
+        if self._store is not None and not self._closed:
+            yield self._store
             return
+        store = open_store(self.directory, storage_options=self._storage_options)
         try:
-            handle = LocalDir.open(self.directory)
-        except FileNotFoundError:
-            raise NoCheckpointError(f"checkpoint directory {self.directory} does not exist") from None
-        except OSError as exc:
-            raise storage_error(exc, f"opening the checkpoint directory {self.directory}") from None
-        with handle:
-            yield handle
-
-    # ----------------------------------------------------------------------------- reading
+            yield store
+        finally:
+            store.close()
 
     def steps(self) -> list[int]:
         """Committed steps, ascending."""
-        with self._root() as root:
-            return committed_steps(root)
+        with self._reading() as store:
+            return store.steps()
 
     def latest_step(self) -> int | None:
         """The newest committed step, or None."""
@@ -440,13 +376,13 @@ class CheckpointManager:
 
     def manifest(self, step: int | None = None) -> Manifest:
         """The validated manifest of ``step`` (default: the newest)."""
-        with self._root() as root:
+        with self._reading() as store:
             if step is None:
-                steps = committed_steps(root)
+                steps = store.steps()
                 if not steps:
                     raise NoCheckpointError(f"no committed checkpoint in {self.directory}")
                 step = steps[-1]
-            return read_manifest(root, step)
+            return read_manifest(store, step)
 
     def load(self, step: int | None = None, *, numpy: bool = False) -> dict[str, Any]:
         """The state as saved: tensors, arrays and python values, checksums verified.
@@ -483,63 +419,14 @@ class CheckpointManager:
         """The step asked for, or the newest intact one (None if there is no step at all)."""
         if not self.read_only and not self._closed:
             self._wait_pending()
-        with self._root() as root:
-            if step is not None:
-                return step, self._read(root, step, numpy)
-            return self._load_newest(root, numpy)
-
-    def _load_newest(self, root: LocalDir, numpy: bool) -> tuple[int, dict[str, Any]] | None:
-        """Try committed steps newest first, skipping damaged ones with a warning. A step that a
-        writer deletes while it is read is not damage: when every step tried vanished, the steps
-        are listed afresh (a reader sees the writer's newer steps then)."""
-        damage: dict[int, str] = {}
-        for _ in range(_READ_ATTEMPTS):
-            steps = committed_steps(root)
-            if not steps:
-                return None
-            vanished = False
-            for candidate in reversed(steps):
-                if candidate in damage:
-                    continue
-                try:
-                    return candidate, self._read(root, candidate, numpy)
-                except (CorruptCheckpointError, StorageError) as exc:
-                    damage[candidate] = str(exc)
-                    warnings.warn(
-                        f"skipping damaged checkpoint: {exc}. Falling back to an older step.",
-                        CorruptCheckpointWarning,
-                        stacklevel=4,
-                    )
-                except NoCheckpointError:
-                    vanished = True  # deleted by the writer's retention while we read it
-            if not vanished:
-                break
-        if not damage:
-            raise NoCheckpointError(
-                f"every step of {self.directory} was deleted while it was read, {_READ_ATTEMPTS} times "
-                "over; another process is deleting steps. Try again"
-            )
-        raise CorruptCheckpointError(
-            f"every checkpoint in {self.directory} is damaged: "
-            + "; ".join(damage[s] for s in sorted(damage, reverse=True))
-            + ". Run `crashsafe verify` for details."
-        )
-
-    def _read(self, root: LocalDir, step: int, numpy: bool) -> dict[str, Any]:
-        try:
-            manifest, arrays = read_step(root, step)
-        except CorruptCheckpointError:
-            self._tracks = {}  # never append deltas to a chain that may hold damage: next save is full
-            raise
-        except OSError as exc:
-            if isinstance(exc, CrashsafeError):
+        with self._reading() as store:
+            try:
+                if step is not None:
+                    return step, read_state(store, step, numpy)
+                return newest_intact(store, numpy, stacklevel=4)
+            except CorruptCheckpointError:
+                self._planner.reset()  # never append deltas to a chain that may hold damage
                 raise
-            raise storage_error(exc, f"reading step {step} from {self.directory}") from None
-        values = [to_value(e.kind, e.dtype, a, numpy) for e, a in zip(manifest.payloads, arrays, strict=True)]
-        state = unflatten(manifest.tree, values)
-        if not isinstance(state, dict):
-            raise CorruptCheckpointError(f"step {step}: the saved state is not a dict")
-        return state
 
     # ----------------------------------------------------------------------------- lifecycle
 
@@ -571,8 +458,8 @@ class CheckpointManager:
                 self._pool.clear()
             if self._lock is not None:
                 self._lock.release()
-            if self._dir is not None:
-                self._dir.close()
+            if self._store is not None:
+                self._store.close()
             if self._previous_handler is not None:
                 with contextlib.suppress(ValueError):
                     signal.signal(signal.SIGTERM, self._previous_handler)
@@ -591,39 +478,6 @@ class CheckpointManager:
 
     def __repr__(self) -> str:
         return f"CheckpointManager({str(self.directory)!r}, steps={self.steps()})"
-
-
-@dataclass
-class _Track:
-    """One delta-coded path: the committed ``step`` whose reconstruction ``reference`` holds."""
-
-    codec: DeltaCodec
-    dtype: str
-    shape: tuple[int, ...]
-    step: int
-    reference: Reference
-
-
-def _parse_patterns(patterns: Sequence[str]) -> tuple[str, ...]:
-    if isinstance(patterns, str) or not all(isinstance(p, str) for p in patterns):
-        raise TypeError(f"lossless must be a list of glob patterns, got {patterns!r}")
-    return tuple(patterns)
-
-
-def _parse_codecs(spec: CodecSpec) -> list[tuple[str, Codec]]:
-    if spec is None:
-        return []
-    if isinstance(spec, (str, Codec)):
-        return [("*", get_codec(spec))]
-    if not isinstance(spec, Mapping):
-        raise TypeError(f"codec must be a codec, an id or a {{pattern: codec}} dict, got {spec!r}")
-    pairs = [(str(pattern), get_codec(codec)) for pattern, codec in spec.items()]
-    return sorted(pairs, key=lambda pc: _specificity(pc[0]), reverse=True)
-
-
-def _specificity(pattern: str) -> tuple[int, int]:
-    literal = sum(1 for ch in pattern if ch not in "*?[]")
-    return literal, -pattern.count("*")
 
 
 def _clean_metrics(metrics: Mapping[str, Any] | None) -> dict[str, Any]:

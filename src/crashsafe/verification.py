@@ -9,15 +9,13 @@ reconstruction of each delta-coded path so every chain link is decoded once.
 from __future__ import annotations
 
 import os
-import stat
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import Any
 
 from crashsafe.chain import ChainReader, direct_bases
 from crashsafe.errors import CorruptCheckpointError, NoCheckpointError
-from crashsafe.storage.layout import committed_steps, leftovers, step_name
-from crashsafe.storage.localdir import LocalDir
+from crashsafe.storage.stores import open_store
 
 __all__ = ["StepReport", "VerifyReport", "verify"]
 
@@ -39,7 +37,7 @@ class StepReport:
 class VerifyReport:
     """Verification result of a checkpoint directory."""
 
-    directory: Path
+    directory: str
     steps: list[StepReport] = field(default_factory=list)
     leftovers: list[str] = field(default_factory=list)
 
@@ -61,27 +59,29 @@ def verify(
     directory: str | os.PathLike[str],
     progress: Callable[[StepReport], None] | None = None,
     steps: Sequence[int] | None = None,
+    *,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> VerifyReport:
-    """Verify the committed steps under ``directory`` (or just ``steps``), oldest first.
+    """Verify the committed steps at ``directory`` (a path or an object-store URL), or just
+    ``steps``, oldest first.
 
     ``progress`` is called with each step's report as it is done. A step deleted by a concurrent
     writer's retention while it is verified is left out of the report.
     """
-    root = Path(directory)
+    store = open_store(directory, storage_options=storage_options)
     try:
-        handle = LocalDir.open(root)
-    except OSError:
-        raise NoCheckpointError(f"{root} is not a directory") from None
-    with handle, ChainReader(handle, keep_references=True) as chains:
-        reports = []
-        for step in sorted(committed_steps(handle) if steps is None else steps):
-            report = _verify_step(chains, step)
-            if report is None:
-                continue
-            reports.append(report)
-            if progress is not None:
-                progress(report)
-        return VerifyReport(root, reports, leftovers(handle))
+        with ChainReader(store, keep_references=True) as chains:
+            reports = []
+            for step in sorted(store.steps() if steps is None else steps):
+                report = _verify_step(chains, step)
+                if report is None:
+                    continue
+                reports.append(report)
+                if progress is not None:
+                    progress(report)
+            return VerifyReport(store.location, reports, store.leftovers())
+    finally:
+        store.close()
 
 
 def _verify_step(chains: ChainReader, step: int) -> StepReport | None:
@@ -91,19 +91,6 @@ def _verify_step(chains: ChainReader, step: int) -> StepReport | None:
         m = chains.manifest(step)
         return StepReport(step, True, None, m.raw_nbytes, m.stored_nbytes, m.created, direct_bases(m))
     except CorruptCheckpointError as exc:
-        return StepReport(step, False, str(exc), stored_bytes=_stored_bytes(chains.root, step))
+        return StepReport(step, False, str(exc), stored_bytes=chains.store.stored_bytes(step))
     except NoCheckpointError:
         return None  # deleted while we looked
-
-
-def _stored_bytes(root: LocalDir, step: int) -> int:
-    """Bytes in a damaged step's regular files (links are not followed)."""
-    try:
-        with root.subdir(step_name(step)) as directory:
-            total = 0
-            for name in directory.names():
-                st = os.stat(name, dir_fd=directory.fd, follow_symlinks=False)
-                total += st.st_size if stat.S_ISREG(st.st_mode) else 0
-            return total
-    except (OSError, CorruptCheckpointError):
-        return 0

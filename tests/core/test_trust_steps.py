@@ -263,3 +263,14 @@ def test_verify_streams_raw_payloads(tmp_path: Path) -> None:
         check=True,
     )
     assert int(out.stdout) < 40 * 1024, f"verify grew RSS by {int(out.stdout) // 1024} MiB"
+
+
+def test_a_path_that_changes_kind_starts_a_new_chain(tmp_path: Path) -> None:
+    """Found by the round-trip property test: a numpy 0-d array saved, then a numpy scalar at the
+    same path (same dtype and shape, another kind) must not become a delta of it."""
+    with cs.CheckpointManager(tmp_path, keep_last=None, codec=INCREMENTAL) as mgr:
+        mgr.save(0, {"a": np.array(False)})
+        mgr.save(1, {"a": np.bool_(True)})
+    reader = cs.CheckpointManager(tmp_path, read_only=True)
+    assert reader.manifest(1).payloads[0].base is None
+    assert reader.load(1)["a"] is np.True_ and reader.load(0)["a"].shape == ()

@@ -7,13 +7,14 @@ import fcntl
 import os
 
 from crashsafe.errors import LockedError, StorageError
+from crashsafe.storage.base import Lock
 from crashsafe.storage.layout import LOCK_NAME
 from crashsafe.storage.localdir import LocalDir, UnsafeEntryError
 
 __all__ = ["WriterLock"]
 
 
-class WriterLock:
+class WriterLock(Lock):
     """Exclusive writer lock on ``root/.lock``. A SIGKILLed holder releases it automatically.
 
     The lock file is opened relative to the directory fd without following links: a ``.lock``

@@ -1,13 +1,12 @@
-"""Read a committed step's bytes: validate the manifest, then read and checksum each payload.
+"""Read a committed step of any store: validate its manifest, then read and checksum payloads.
 
-This layer moves and verifies bytes; it never decodes them (rule 14). Everything is opened
-relative to the checkpoint directory's fd without following links (rule 11), so a step or file
-symlinked elsewhere, a FIFO or a directory where a file belongs is reported as damage.
+This layer verifies bytes; it never decodes them (rule 14). The store underneath only moves bytes
+(:mod:`crashsafe.storage.base`); everything a store could get wrong (a short file, a forged or
+damaged manifest, a payload that does not match its checksum) is caught here, for every backend.
 """
 
 from __future__ import annotations
 
-import os
 from types import TracebackType
 from typing import Any
 
@@ -16,110 +15,70 @@ import xxhash
 
 from crashsafe._memory import alloc_bytes
 from crashsafe.errors import CorruptCheckpointError, NoCheckpointError
-from crashsafe.format.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, PayloadEntry, loads
-from crashsafe.storage.layout import step_name
-from crashsafe.storage.localdir import LocalDir
+from crashsafe.format.manifest import MAX_MANIFEST_BYTES, Manifest, PayloadEntry, loads
+from crashsafe.storage.base import Store, StoredFile, StoredStep
 
-__all__ = ["StepReader", "open_step", "read_manifest"]
+__all__ = ["StepReader", "read_manifest"]
 
 _CHECK_CHUNK = 8 << 20
 
 
-def open_step(root: LocalDir, step: int) -> LocalDir:
-    """The directory of a committed step; NoCheckpointError if there is none."""
-    try:
-        return root.subdir(step_name(step))
-    except FileNotFoundError:
-        raise NoCheckpointError(f"step {step} is not committed in {root.path}") from None
-    except CorruptCheckpointError as exc:
-        raise CorruptCheckpointError(f"checkpoint step {step}: {exc}") from None
-    except OSError as exc:
-        raise CorruptCheckpointError(
-            f"checkpoint step {step} cannot be opened ({exc.strerror or exc})"
-        ) from None
-
-
-def _manifest_in(directory: LocalDir, step: int, where: str) -> Manifest:
-    try:
-        data = directory.read_file(MANIFEST_NAME, MAX_MANIFEST_BYTES + 1)
-    except FileNotFoundError:
-        raise CorruptCheckpointError(f"{where}: manifest.json is missing") from None
-    except CorruptCheckpointError as exc:
-        raise CorruptCheckpointError(f"{where}: {exc}") from None
-    except OSError as exc:
-        raise CorruptCheckpointError(
-            f"{where}: manifest.json cannot be read ({exc.strerror or exc})"
-        ) from None
-    manifest = loads(data, f"{where}: manifest.json")
-    if manifest.step != step:
-        raise CorruptCheckpointError(f"{where}: manifest says step {manifest.step}")
+def _manifest_of(stored: StoredStep) -> Manifest:
+    manifest = loads(stored.manifest_bytes(MAX_MANIFEST_BYTES + 1), f"{stored.where}: manifest.json")
+    if manifest.step != stored.step:
+        raise CorruptCheckpointError(f"{stored.where}: manifest says step {manifest.step}")
     return manifest
 
 
-def read_manifest(root: LocalDir, step: int) -> Manifest:
+def _vanished(stored: StoredStep) -> NoCheckpointError:
+    return NoCheckpointError(
+        f"step {stored.step} was deleted (by retention?) while it was read; read another step"
+    )
+
+
+def read_manifest(store: Store, step: int) -> Manifest:
     """The validated manifest of a committed step."""
-    with open_step(root, step) as directory:
+    with store.open_step(step) as stored:
         try:
-            return _manifest_in(directory, step, f"checkpoint step {step} ({directory.path})")
+            return _manifest_of(stored)
         except CorruptCheckpointError:
-            _raise_if_vanished(root, directory, step)
+            if stored.vanished():  # deleted while read: its files go one by one
+                raise _vanished(stored) from None
             raise
-
-
-def _raise_if_vanished(root: LocalDir, directory: LocalDir, step: int) -> None:
-    """Raise NoCheckpointError if ``directory`` is no longer the committed step ``step``: a writer
-    deleted it while it was read (its files go one by one), which is not damage."""
-    if root.entry_identity(step_name(step)) != directory.identity:
-        raise NoCheckpointError(
-            f"step {step} was deleted (by retention?) while it was read; read another step"
-        )
 
 
 class StepReader:
     """Verified access to one committed step's stored payload bytes (a context manager)."""
 
-    def __init__(self, root: LocalDir, step: int) -> None:
-        self.root = root
+    def __init__(self, store: Store, step: int) -> None:
         self.step = step
-        self.dir = open_step(root, step)
-        self.where = f"checkpoint step {step} ({self.dir.path})"
-        self._fds: dict[str, int] = {}
+        self._stored = store.open_step(step)
+        self.where = self._stored.where
+        self._files: dict[str, StoredFile] = {}
         try:
-            self.manifest = _manifest_in(self.dir, step, self.where)
+            self.manifest = _manifest_of(self._stored)
             for name, size in self.manifest.files.items():
-                self._fds[name] = fd = self._open(name)
-                actual = os.fstat(fd).st_size
-                if actual != size:
+                self._files[name] = file = self._stored.open_file(name)
+                if file.size != size:
                     raise CorruptCheckpointError(
-                        f"{self.where}: {name} is {actual} bytes but the manifest says {size} "
-                        f"({'truncated' if actual < size else 'extended'})"
+                        f"{self.where}: {name} is {file.size} bytes but the manifest says {size} "
+                        f"({'truncated' if file.size < size else 'extended'})"
                     )
         except CorruptCheckpointError:
-            try:
-                _raise_if_vanished(root, self.dir, step)
-                raise
-            finally:
-                self.close()
+            vanished = self._stored.vanished()
+            self.close()
+            if vanished:
+                raise _vanished(self._stored) from None
+            raise
         except BaseException:
             self.close()
             raise
 
-    def _open(self, name: str) -> int:
-        try:
-            return self.dir.open_file(name)
-        except FileNotFoundError:
-            raise CorruptCheckpointError(f"{self.where}: data file {name} is missing") from None
-        except CorruptCheckpointError as exc:
-            raise CorruptCheckpointError(f"{self.where}: {exc}") from None
-        except OSError as exc:
-            raise CorruptCheckpointError(
-                f"{self.where}: {name} cannot be read ({exc.strerror or exc})"
-            ) from None
-
     def raise_if_vanished(self) -> None:
         """Raise NoCheckpointError if the step read here was deleted meanwhile (by retention):
         then errors about its files are not damage."""
-        _raise_if_vanished(self.root, self.dir, self.step)
+        if self._stored.vanished():
+            raise _vanished(self._stored)
 
     def read_stored(self, entry: PayloadEntry) -> np.ndarray[Any, Any]:
         """The stored (encoded) bytes of a payload, checksum-verified."""
@@ -130,7 +89,7 @@ class StepReader:
                 f"{self.where}: payload '{entry.path}' is {entry.nbytes} bytes, more than this machine "
                 "can allocate"
             ) from None
-        self._read_into(entry, buf.data, entry.offset)
+        self._files[entry.file].read_into(buf.data, entry.offset)
         self._check(entry, xxhash.xxh3_64_hexdigest(buf.data))
         return buf
 
@@ -141,26 +100,10 @@ class StepReader:
         done = 0
         while done < entry.nbytes:
             view = buf.data[: min(len(buf), entry.nbytes - done)]
-            self._read_into(entry, view, entry.offset + done)
+            self._files[entry.file].read_into(view, entry.offset + done)
             digest.update(view)
             done += len(view)
         self._check(entry, digest.hexdigest())
-
-    def _read_into(self, entry: PayloadEntry, view: memoryview, offset: int) -> None:
-        fd = self._fds[entry.file]
-        pos = 0
-        try:
-            while pos < len(view):
-                n = os.preadv(fd, [view[pos:]], offset + pos)
-                if n == 0:
-                    raise CorruptCheckpointError(f"{self.where}: {entry.file} ended early")
-                pos += n
-        except OSError as exc:
-            if isinstance(exc, CorruptCheckpointError):
-                raise
-            raise CorruptCheckpointError(
-                f"{self.where}: reading {entry.file} failed ({exc.strerror or exc}); the disk may be damaged"
-            ) from None
 
     def _check(self, entry: PayloadEntry, digest: str) -> None:
         if digest != entry.xxh3:
@@ -170,10 +113,10 @@ class StepReader:
             )
 
     def close(self) -> None:
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
-        self.dir.close()
+        for file in self._files.values():
+            file.close()
+        self._files.clear()
+        self._stored.close()
 
     def __enter__(self) -> StepReader:
         return self

@@ -1,0 +1,141 @@
+"""The one-writer lock of an object store: a lease object naming its holder and when it expires.
+
+Object stores have no ``flock``, and a writer that dies never says so. So the writer creates
+``.lock`` (conditionally: only if absent) holding ``{"holder", "expires"}`` and renews it in the
+background every third of its length. Another writer may take over a lease only once it has
+expired. Renewals and takeovers compare-and-swap on S3 (``If-Match`` on the ETag); on stores without
+a conditional update they re-read and overwrite, which two writers racing to take over the same
+expired lease could both pass (docs/storage.md). A writer that finds its lease lost, or that could
+not renew it before it expired, stops writing at its next save (LockedError).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import socket
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from crashsafe.errors import CrashsafeError, LockedError, StorageError
+from crashsafe.storage.base import Lock
+from crashsafe.storage.layout import LOCK_NAME
+
+if TYPE_CHECKING:
+    from crashsafe.storage.objectstore import FsspecStore
+
+__all__ = ["Lease"]
+
+
+class Lease(Lock):
+    """A renewed lease on ``<root>/.lock``."""
+
+    def __init__(self, store: FsspecStore, seconds: float) -> None:
+        self._store = store
+        self._seconds = seconds
+        self._path = store.path(LOCK_NAME)
+        self.holder = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+        self._lost: str | None = None
+        self._expires = 0.0
+        self._tag = self._acquire()
+        self._stop = threading.Event()
+        self._renewer = threading.Thread(target=self._renew_loop, name="crashsafe-lease", daemon=True)
+        self._renewer.start()
+
+    def _body(self) -> bytes:
+        self._expires = time.time() + self._seconds
+        return json.dumps({"holder": self.holder, "expires": self._expires}).encode()
+
+    def _read(self) -> tuple[dict[str, Any] | None, str | None]:
+        """The lease as it is now ({} if unreadable) and its tag; (None, None) if there is none."""
+        fs = self._store.fs
+        fs.invalidate_cache(self._path)
+        try:
+            data = self._store._call(lambda: fs.cat_file(self._path), "reading the writer lease")
+            info = self._store._call(lambda: fs.info(self._path), "reading the writer lease")
+        except FileNotFoundError:
+            return None, None
+        try:
+            body = json.loads(data)
+        except ValueError:
+            body = {}
+        tag = str(info.get("ETag") or data.decode("latin-1"))
+        return body if isinstance(body, dict) else {}, tag
+
+    def _acquire(self) -> str | None:
+        fs = self._store.fs
+        try:
+            self._store._call(
+                lambda: fs.pipe_file(self._path, self._body(), mode="create"), "taking the lease"
+            )
+        except FileExistsError:
+            body, tag = self._read()
+            expires = body.get("expires") if body else None
+            if isinstance(expires, (int, float)) and expires > time.time():
+                raise LockedError(
+                    f"{self._store.location} is being written by another CheckpointManager "
+                    f"({body.get('holder') if body else '?'}, lease valid for {expires - time.time():.0f} s "
+                    "more). Only one writer is allowed: stop the other job, or use another location. Readers "
+                    "can open it with CheckpointManager(..., read_only=True)."
+                ) from None
+            if not self._swap(tag):  # expired (or unreadable): take it over
+                raise LockedError(
+                    f"another writer took over the expired lease of {self._store.location}"
+                ) from None
+        return self._read()[1]
+
+    def _swap(self, tag: str | None) -> bool:
+        """Replace the lease with ours if it is still the one tagged ``tag``."""
+        fs = self._store.fs
+        body = self._body()
+        if "s3" in _protocols(fs) and tag is not None and tag.startswith('"'):
+            bucket, key, _ = fs.split_path(self._path)
+            try:
+                self._store._call(
+                    lambda: fs.call_s3("put_object", Bucket=bucket, Key=key, Body=body, IfMatch=tag),
+                    "renewing the writer lease",
+                )
+            except StorageError as exc:
+                if "pre-condition" in str(exc) or "Precondition" in str(exc):
+                    return False
+                raise
+            return True
+        if self._read()[1] != tag:
+            return False
+        self._store._call(lambda: fs.pipe_file(self._path, body), "renewing the writer lease")
+        return True
+
+    def _renew_loop(self) -> None:
+        while not self._stop.wait(self._seconds / 3):
+            try:
+                if not self._swap(self._tag):
+                    self._lost = f"another writer took over the lease of {self._store.location}"
+                    return
+                self._tag = self._read()[1]
+            except CrashsafeError:
+                continue  # transient trouble: retried at the next renewal; check() sees an expired lease
+
+    def check(self) -> None:
+        if self._lost is None and time.time() > self._expires:
+            self._lost = f"the lease on {self._store.location} expired before it could be renewed"
+        if self._lost is not None:
+            raise LockedError(
+                f"{self._lost}: this writer stopped so that two writers never write one run. Create a "
+                "new CheckpointManager once the other writer is gone"
+            )
+
+    def release(self) -> None:
+        self._stop.set()
+        self._renewer.join()
+        if self._lost is None:
+            with contextlib.suppress(CrashsafeError, FileNotFoundError):
+                body, _ = self._read()
+                if body is not None and body.get("holder") == self.holder:
+                    self._store._call(lambda: self._store.fs.rm_file(self._path), "releasing the lease")
+
+
+def _protocols(fs: Any) -> set[str]:
+    return {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)

@@ -1,0 +1,288 @@
+"""A local directory as a checkpoint store: a step is a directory that appears by one rename.
+
+The commit protocol (rule 1 of the engine): write payloads into ``.tmp-*/data.bin`` -> fsync it ->
+write and fsync the manifest -> fsync the temporary directory -> rename it to ``step_<n>`` -> fsync
+the checkpoint directory. A crash at any instant leaves either no new step or a complete one;
+older steps are never touched. Each step of the protocol has a named kill point
+(:mod:`crashsafe._faults`) where tests SIGKILL a real process. Every name is resolved relative to
+the held checkpoint directory without following links (:mod:`crashsafe.storage.localdir`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import stat
+from collections.abc import Sequence
+from pathlib import Path
+
+import crashsafe._faults as faults
+from crashsafe.codecs.base import BytesLike
+from crashsafe.errors import (
+    CheckpointExistsError,
+    CorruptCheckpointError,
+    CrashsafeError,
+    NoCheckpointError,
+    StorageError,
+)
+from crashsafe.format.manifest import MANIFEST_NAME
+from crashsafe.storage.base import Capabilities, Draft, Lock, Store, StoredFile, StoredStep
+from crashsafe.storage.layout import TMP_PREFIX, TRASH_PREFIX, committed_steps, leftovers, step_name
+from crashsafe.storage.localdir import LocalDir
+from crashsafe.storage.lock import WriterLock
+from crashsafe.storage.oserror import storage_error
+
+__all__ = ["DATA_NAME", "LocalStore"]
+
+DATA_NAME = "data.bin"
+_CHUNK = 1 << 30
+
+
+class LocalStore(Store):
+    """Checkpoints in a local directory, held open by file descriptor for the store's lifetime."""
+
+    capabilities = Capabilities(atomic_rename=True, conditional_put=True, durable_fsync=True)
+
+    def __init__(self, directory: str | os.PathLike[str], *, create: bool = False) -> None:
+        path = Path(directory)
+        if create:
+            try:
+                path.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise storage_error(exc, f"creating the checkpoint directory {path}") from None
+        try:
+            self.root = LocalDir.open(path)
+        except FileNotFoundError:
+            raise NoCheckpointError(f"checkpoint directory {path} does not exist") from None
+        except OSError as exc:
+            raise storage_error(exc, f"opening the checkpoint directory {path}") from None
+        self.location = str(path)
+
+    def steps(self) -> list[int]:
+        return committed_steps(self.root)
+
+    def open_step(self, step: int) -> StoredStep:
+        return _LocalStep(self.root, step)
+
+    def begin(self, step: int) -> Draft:
+        return _LocalDraft(self, step)
+
+    def delete(self, step: int) -> None:
+        """Rename the step out of view, fsync, then remove it; a ``step_*`` that is a symlink loses
+        the link, never the files it points to."""
+        root = self.root
+        trash = f"{TRASH_PREFIX}{step_name(step)}-{secrets.token_hex(4)}"
+        try:
+            root.rename(step_name(step), trash)
+            root.fsync()
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise storage_error(exc, f"deleting step {step} in {root.path}", root.is_current) from None
+        faults.reached("after_trash_rename")
+        try:
+            root.remove(trash, after_first=lambda: faults.reached("mid_delete"))
+        except OSError as exc:
+            raise storage_error(
+                exc, f"removing deleted step {step} from {root.path}", root.is_current
+            ) from None
+
+    def leftovers(self) -> list[str]:
+        return leftovers(self.root)
+
+    def remove_leftovers(self, names: Sequence[str]) -> None:
+        for name in names:
+            with contextlib.suppress(OSError):
+                self.root.remove(name)
+
+    def lock(self) -> Lock:
+        return WriterLock(self.root)
+
+    def stored_bytes(self, step: int) -> int:
+        """Bytes in the step's regular files (links are not followed)."""
+        try:
+            with self.root.subdir(step_name(step)) as directory:
+                sizes = (os.stat(n, dir_fd=directory.fd, follow_symlinks=False) for n in directory.names())
+                return sum(st.st_size for st in sizes if stat.S_ISREG(st.st_mode))
+        except (OSError, CorruptCheckpointError):
+            return 0
+
+    def check_current(self, doing: str) -> None:
+        if not self.root.is_current():
+            raise storage_error(FileNotFoundError(), f"{doing} in {self.location}", self.root.is_current)
+
+    def close(self) -> None:
+        self.root.close()
+
+
+class _LocalFile(StoredFile):
+    def __init__(self, fd: int, where: str, name: str) -> None:
+        self._fd = fd
+        self._what = f"{where}: {name}"
+        self.size = os.fstat(fd).st_size
+
+    def read_into(self, view: memoryview, offset: int) -> None:
+        pos = 0
+        try:
+            while pos < len(view):
+                n = os.preadv(self._fd, [view[pos:]], offset + pos)
+                if n == 0:
+                    raise CorruptCheckpointError(f"{self._what} ended early")
+                pos += n
+        except OSError as exc:
+            if isinstance(exc, CrashsafeError):
+                raise
+            raise CorruptCheckpointError(
+                f"{self._what}: reading failed ({exc.strerror or exc}); the disk may be damaged"
+            ) from None
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+class _LocalStep(StoredStep):
+    """A committed step directory, opened relative to the checkpoint directory (no links)."""
+
+    def __init__(self, root: LocalDir, step: int) -> None:
+        self.step = step
+        self._root = root
+        try:
+            self._dir = root.subdir(step_name(step))
+        except FileNotFoundError:
+            raise NoCheckpointError(f"step {step} is not committed in {root.path}") from None
+        except CorruptCheckpointError as exc:
+            raise CorruptCheckpointError(f"checkpoint step {step}: {exc}") from None
+        except OSError as exc:
+            raise CorruptCheckpointError(
+                f"checkpoint step {step} cannot be opened ({exc.strerror or exc})"
+            ) from None
+        self.where = f"checkpoint step {step} ({self._dir.path})"
+
+    def manifest_bytes(self, limit: int) -> bytes:
+        try:
+            return self._dir.read_file(MANIFEST_NAME, limit)
+        except FileNotFoundError:
+            raise CorruptCheckpointError(f"{self.where}: manifest.json is missing") from None
+        except CorruptCheckpointError as exc:
+            raise CorruptCheckpointError(f"{self.where}: {exc}") from None
+        except OSError as exc:
+            raise CorruptCheckpointError(
+                f"{self.where}: manifest.json cannot be read ({exc.strerror or exc})"
+            ) from None
+
+    def open_file(self, name: str) -> StoredFile:
+        try:
+            return _LocalFile(self._dir.open_file(name), self.where, name)
+        except FileNotFoundError:
+            raise CorruptCheckpointError(f"{self.where}: data file {name} is missing") from None
+        except CorruptCheckpointError as exc:
+            raise CorruptCheckpointError(f"{self.where}: {exc}") from None
+        except OSError as exc:
+            raise CorruptCheckpointError(
+                f"{self.where}: {name} cannot be read ({exc.strerror or exc})"
+            ) from None
+
+    def vanished(self) -> bool:
+        return self._root.entry_identity(step_name(self.step)) != self._dir.identity
+
+    def close(self) -> None:
+        self._dir.close()
+
+
+class _LocalDraft(Draft):
+    """``.tmp-step_<n>-<pid>-<hex>/data.bin``, committed by rename."""
+
+    def __init__(self, store: LocalStore, step: int) -> None:
+        self._store = store
+        self._root = root = store.root
+        self.step = step
+        self.name = step_name(step)
+        if root.exists(self.name):
+            raise CheckpointExistsError(
+                f"step {step} is already committed in {root.path}; committed checkpoints are never "
+                "overwritten. Save under a new step, or delete it first with `crashsafe gc`."
+            )
+        self.tmp = f"{TMP_PREFIX}{self.name}-{os.getpid()}-{secrets.token_hex(4)}"
+        self._dir: LocalDir | None = None
+        self._fd: int | None = None
+        self._offset = 0
+        try:
+            root.mkdir(self.tmp)
+            faults.reached("after_mkdir_tmp")
+            self._dir = root.subdir(self.tmp)
+            self._fd = self._dir.create_file(DATA_NAME)
+        except (OSError, CrashsafeError) as exc:
+            self.abort()
+            raise self._error(exc, f"starting step {step} in {root.path}") from None
+
+    def write(self, data: BytesLike) -> tuple[str, int]:
+        assert self._fd is not None, "draft is closed"
+        view = memoryview(data).cast("B")
+        start = self._offset
+        try:
+            pos = 0
+            while pos < len(view):
+                pos += os.write(self._fd, view[pos : pos + _CHUNK])
+        except OSError as exc:
+            raise self._error(exc, f"writing step {self.step} to {self._root.path}") from None
+        self._offset += len(view)
+        return DATA_NAME, start
+
+    def files(self) -> dict[str, int]:
+        return {DATA_NAME: self._offset}
+
+    def commit(self, manifest: bytes) -> None:
+        assert self._fd is not None and self._dir is not None, "draft is closed"
+        try:
+            os.fsync(self._fd)
+            os.close(self._fd)
+            self._fd = None
+            faults.reached("after_fsync_data")
+            fd = self._dir.create_file(MANIFEST_NAME)
+            try:
+                pos = 0
+                while pos < len(manifest):
+                    pos += os.write(fd, manifest[pos:])
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            faults.reached("after_write_manifest")
+            self._dir.fsync()
+            faults.reached("after_fsync_tmp_dir")
+            if self._root.exists(self.name):
+                raise CheckpointExistsError(f"step {self.step} appeared in {self._root.path} while saving")
+            self._root.rename(self.tmp, self.name)
+            faults.reached("after_rename")
+            self._root.fsync()
+            faults.reached("after_fsync_root")
+        except CheckpointExistsError:
+            self.abort()
+            raise
+        except OSError as exc:
+            self.abort()
+            raise self._error(exc, f"committing step {self.step} to {self._root.path}") from None
+        except BaseException:
+            self.abort()
+            raise
+        self._close()
+
+    def abort(self) -> None:
+        self._close()
+        with contextlib.suppress(OSError):
+            self._root.remove(self.tmp)
+
+    def _close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        if self._dir is not None:
+            self._dir.close()
+            self._dir = None
+
+    def _error(self, exc: OSError | CrashsafeError, doing: str) -> CrashsafeError:
+        if isinstance(exc, OSError) and not isinstance(exc, CrashsafeError):
+            return storage_error(exc, doing, self._root.is_current)
+        return StorageError(f"{doing}: {exc}")

@@ -1,0 +1,329 @@
+"""Object stores (S3, GCS, Azure, ...) through fsspec: a step commits by writing its manifest last.
+
+Object stores have no rename, so a step is committed when its manifest exists:
+
+1. payloads are packed into shard objects ``step_<n>/data-<attempt>-<k>.bin``, under a name unique
+   to this attempt (two writers never overwrite each other's bytes), uploaded in parallel;
+2. once every shard is acknowledged (an acknowledged PUT is durable), ``step_<n>/manifest.json`` is
+   created, conditionally where the store supports it (S3 ``If-None-Match: *``): of two writers
+   racing on one step exactly one commits, the other gets CheckpointExistsError.
+
+Readers list only steps whose manifest exists; shards of a killed writer, or of the loser of a
+race, are invisible and removed by the next writer. Deleting removes the manifest first (the step
+vanishes at once), then its shards. Transient errors (5xx, timeouts, dropped connections) are
+retried with backoff (:mod:`crashsafe.storage.retry`); after the limit the error is a StorageError
+and nothing is committed. One writer at a time holds a lease object (:mod:`crashsafe.storage.lease`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import threading
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import fsspec
+
+import crashsafe._faults as faults
+from crashsafe.codecs.base import BytesLike
+from crashsafe.errors import CheckpointExistsError, CorruptCheckpointError, NoCheckpointError, StorageError
+from crashsafe.format.manifest import MANIFEST_NAME
+from crashsafe.storage.base import Capabilities, Draft, Lock, Store, StoredFile, StoredStep
+from crashsafe.storage.layout import parse_step_name, step_name
+from crashsafe.storage.lease import Lease
+from crashsafe.storage.retry import with_retries
+
+__all__ = ["FsspecStore"]
+
+SHARD_BYTES = 64 << 20  # payloads are packed into objects of about this size
+RANGE_BYTES = 16 << 20  # large reads are split into ranges fetched in parallel
+UPLOADS = 8  # shards in flight at once
+# fsspec protocols whose "create" write is atomic create-if-absent
+_ATOMIC_CREATE = frozenset({"s3", "s3a", "file", "local", "memory", "gs", "gcs"})
+
+
+class FsspecStore(Store):
+    """Checkpoints under an fsspec URL; ``storage_options`` go to fsspec as they are."""
+
+    def __init__(
+        self,
+        url: str,
+        storage_options: Mapping[str, Any],
+        *,
+        create: bool = False,
+        lease_seconds: float = 60.0,
+    ) -> None:
+        try:
+            self.fs, path = fsspec.core.url_to_fs(url, **storage_options)
+        except (ImportError, ValueError) as exc:
+            raise StorageError(f"cannot open {url}: {exc}. Install the fsspec backend it needs") from None
+        self.root = path.rstrip("/")
+        self.location = url
+        protocols = {self.fs.protocol} if isinstance(self.fs.protocol, str) else set(self.fs.protocol)
+        self.capabilities = Capabilities(
+            atomic_rename=False, conditional_put=bool(protocols & _ATOMIC_CREATE), durable_fsync=False
+        )
+        self.lease_seconds = lease_seconds
+        if create:
+            self._call(lambda: self.fs.makedirs(self.root, exist_ok=True), f"creating {url}")
+
+    # ------------------------------------------------------------------------- paths and calls
+
+    def path(self, *names: str) -> str:
+        return "/".join((self.root, *names))
+
+    def _call(self, op: Any, what: str) -> Any:
+        return with_retries(op, f"{what} ({self.location})")
+
+    def _objects(self) -> list[str]:
+        """Keys below the root, relative to it, at most two levels deep (step_<n>/<file>)."""
+        self.fs.invalidate_cache(self.root)
+        try:
+            found = self._call(lambda: self.fs.find(self.root, maxdepth=2), "listing checkpoints")
+        except FileNotFoundError:
+            return []
+        prefix = self.root + "/"
+        return [key[len(prefix) :] for key in found if key.startswith(prefix)]
+
+    # ------------------------------------------------------------------------- Store
+
+    def steps(self) -> list[int]:
+        committed = set()
+        for key in self._objects():
+            name, _, file = key.partition("/")
+            step = parse_step_name(name)
+            if step is not None and file == MANIFEST_NAME:
+                committed.add(step)
+        return sorted(committed)
+
+    def open_step(self, step: int) -> StoredStep:
+        return _ObjectStep(self, step)
+
+    def begin(self, step: int) -> Draft:
+        return _ObjectDraft(self, step)
+
+    def delete(self, step: int) -> None:
+        """Remove the manifest (the step is gone for readers), then every object of the step."""
+        name = step_name(step)
+        try:
+            self._call(lambda: self.fs.rm_file(self.path(name, MANIFEST_NAME)), f"deleting step {step}")
+        except FileNotFoundError:
+            return
+        faults.reached("after_unlink_manifest")
+        self._remove([key for key in self._objects() if key.startswith(name + "/")])
+
+    def leftovers(self) -> list[str]:
+        """Objects of steps without a manifest (torn saves, interrupted deletions), and shards a
+        committed step's manifest does not name (the loser of a race)."""
+        by_step: dict[str, list[str]] = {}
+        for key in self._objects():
+            name, _, file = key.partition("/")
+            if parse_step_name(name) is not None and file:
+                by_step.setdefault(name, []).append(file)
+        found = []
+        for name, files in sorted(by_step.items()):
+            if MANIFEST_NAME not in files:
+                found += [f"{name}/{f}" for f in files]
+                continue
+            step = parse_step_name(name)
+            assert step is not None
+            try:
+                from crashsafe.storage.reader import read_manifest
+
+                named = set(read_manifest(self, step).files)
+            except (CorruptCheckpointError, NoCheckpointError):
+                continue  # a damaged step keeps its bytes (verify reports it; gc can delete it)
+            found += [f"{name}/{f}" for f in files if f != MANIFEST_NAME and f not in named]
+        return found
+
+    def remove_leftovers(self, names: Sequence[str]) -> None:
+        self._remove(list(names))
+
+    def _remove(self, keys: list[str]) -> None:
+        for i, key in enumerate(keys):
+            with contextlib.suppress(FileNotFoundError):
+                self._call(lambda key=key: self.fs.rm_file(self.path(key)), f"removing {key}")
+            if i == 0:
+                faults.reached("mid_delete")
+
+    def lock(self) -> Lock:
+        return Lease(self, self.lease_seconds)
+
+    def stored_bytes(self, step: int) -> int:
+        name = step_name(step)
+        self.fs.invalidate_cache(self.root)
+        try:
+            sizes = self._call(lambda: self.fs.du(self.path(name), total=False), f"sizing step {step}")
+        except FileNotFoundError:
+            return 0
+        return int(sum(sizes.values()))
+
+
+class _ObjectFile(StoredFile):
+    def __init__(self, store: FsspecStore, path: str, size: int, where: str) -> None:
+        self._store = store
+        self._path = path
+        self.size = size
+        self._where = where
+
+    def read_into(self, view: memoryview, offset: int) -> None:
+        """Fetch the bytes, in parallel ranges for large reads, straight into ``view``."""
+        n = len(view)
+        if offset + n > self.size:
+            raise CorruptCheckpointError(f"{self._where}: {self._path} ended early")
+        starts = list(range(offset, offset + n, RANGE_BYTES)) or [offset]
+        ends = [min(s + RANGE_BYTES, offset + n) for s in starts]
+        fs = self._store.fs
+        parts = self._store._call(
+            lambda: fs.cat_ranges([self._path] * len(starts), starts, ends, on_error="raise"),
+            f"reading {self._path}",
+        )
+        pos = 0
+        for part in parts:
+            view[pos : pos + len(part)] = part
+            pos += len(part)
+        if pos != n:
+            raise CorruptCheckpointError(f"{self._where}: {self._path} ended early")
+
+
+class _ObjectStep(StoredStep):
+    def __init__(self, store: FsspecStore, step: int) -> None:
+        self.step = step
+        self._store = store
+        self._name = step_name(step)
+        self.where = f"checkpoint step {step} ({store.location}/{self._name})"
+        self._tag = self._manifest_tag()
+        if self._tag is None:
+            raise NoCheckpointError(f"step {step} is not committed in {store.location}")
+
+    def _manifest_tag(self) -> str | None:
+        """Identity of the manifest object (ETag, or size+mtime), None if it does not exist."""
+        path = self._store.path(self._name, MANIFEST_NAME)
+        self._store.fs.invalidate_cache(path)
+        try:
+            info = self._store._call(lambda: self._store.fs.info(path), f"opening step {self.step}")
+        except FileNotFoundError:
+            return None
+        return str(
+            info.get("ETag") or info.get("etag") or (info.get("size"), info.get("mtime"), info.get("created"))
+        )
+
+    def manifest_bytes(self, limit: int) -> bytes:
+        path = self._store.path(self._name, MANIFEST_NAME)
+        try:
+            data: bytes = self._store._call(
+                lambda: self._store.fs.cat_file(path, start=0, end=limit), f"reading step {self.step}"
+            )
+        except FileNotFoundError:
+            raise CorruptCheckpointError(f"{self.where}: manifest.json is missing") from None
+        return data
+
+    def open_file(self, name: str) -> StoredFile:
+        path = self._store.path(self._name, name)
+        try:
+            info = self._store._call(lambda: self._store.fs.info(path), f"opening {name} of step {self.step}")
+        except FileNotFoundError:
+            raise CorruptCheckpointError(f"{self.where}: data file {name} is missing") from None
+        if info.get("type", "file") != "file":
+            raise CorruptCheckpointError(f"{self.where}: {name} is not a file")
+        return _ObjectFile(self._store, path, int(info["size"]), self.where)
+
+    def vanished(self) -> bool:
+        return self._manifest_tag() != self._tag
+
+
+class _ObjectDraft(Draft):
+    """Payloads packed into shards, each uploaded in the background as soon as it is full, while
+    the next payloads are still being encoded; the manifest goes last."""
+
+    def __init__(self, store: FsspecStore, step: int) -> None:
+        self._store = store
+        self.step = step
+        self._name = step_name(step)
+        if step in store.steps():
+            raise CheckpointExistsError(
+                f"step {step} is already committed in {store.location}; committed checkpoints are "
+                "never overwritten. Save under a new step, or delete it first with `crashsafe gc`."
+            )
+        self._attempt = secrets.token_hex(8)
+        self._files: dict[str, int] = {}
+        self._current: str | None = None  # the shard being filled with small payloads
+        self._buffer = bytearray()
+        self._pool = ThreadPoolExecutor(UPLOADS, thread_name_prefix="crashsafe-upload")
+        self._uploads: list[Future[None]] = []
+        self._uploaded = threading.Lock()
+
+    def write(self, data: BytesLike) -> tuple[str, int]:
+        view = memoryview(data).cast("B")
+        if len(view) >= SHARD_BYTES:  # a large payload is a shard of its own
+            self._flush()
+            name = self._new_shard()
+            self._files[name] = len(view)
+            self._upload(name, view)
+            return name, 0
+        if self._current is None or len(self._buffer) + len(view) > SHARD_BYTES:
+            self._flush()
+            self._current = self._new_shard()
+        offset = len(self._buffer)
+        self._buffer += view
+        self._files[self._current] = len(self._buffer)
+        return self._current, offset
+
+    def files(self) -> dict[str, int]:
+        return dict(self._files)
+
+    def _new_shard(self) -> str:
+        return f"data-{self._attempt}-{len(self._files):05d}.bin"
+
+    def _flush(self) -> None:
+        if self._current is not None and self._buffer:
+            data, self._buffer = self._buffer, bytearray()
+            self._upload(self._current, memoryview(data))
+        self._current = None
+
+    def _upload(self, name: str, data: memoryview) -> None:
+        path = self._store.path(self._name, name)
+        self._uploads.append(self._pool.submit(self._put, path, data))
+
+    def _put(self, path: str, data: memoryview) -> None:
+        fs = self._store.fs
+        self._store._call(lambda: fs.pipe_file(path, data), f"uploading {path}")
+        with self._uploaded:
+            faults.reached("mid_upload")
+
+    def commit(self, manifest: bytes) -> None:
+        try:
+            self._flush()
+            for upload in self._uploads:
+                upload.result()  # the first failed upload fails the commit
+            faults.reached("after_upload_data")
+            self._put_manifest(manifest)
+        except BaseException:
+            self.abort()
+            raise
+        self._pool.shutdown()
+        faults.reached("after_put_manifest")
+
+    def _put_manifest(self, manifest: bytes) -> None:
+        path = self._store.path(self._name, MANIFEST_NAME)
+        fs = self._store.fs
+        if not self._store.capabilities.conditional_put and fs.exists(path):
+            raise FileExistsError(path)  # best effort where the store cannot create atomically
+        try:
+            self._store._call(
+                lambda: fs.pipe_file(path, manifest, mode="create"), f"committing step {self.step}"
+            )
+        except FileExistsError:
+            raise CheckpointExistsError(
+                f"step {self.step} was committed in {self._store.location} by another writer while this "
+                "one saved it; its commit stands and this save was dropped"
+            ) from None
+
+    def abort(self) -> None:
+        for upload in self._uploads:
+            upload.cancel()
+        self._pool.shutdown(wait=True)
+        with contextlib.suppress(Exception):  # best effort: leftovers are invisible and cleaned later
+            self._store.remove_leftovers([f"{self._name}/{name}" for name in self._files])
