@@ -1,65 +1,42 @@
 """``crashsafe demo``: train the digits CNN, SIGKILL it at random moments, resume, compare bit for bit.
 
-A supervisor runs the trainer (``python -m crashsafe.workloads.digits``) as a child process,
-follows its JSON-line event log, and SIGKILLs it when it reaches randomly chosen steps (after a
-random extra delay, so kills land anywhere: mid-step, mid-snapshot, mid-persist, mid-commit). Each
-restart resumes from the newest intact checkpoint. An uninterrupted reference run trains alongside;
-at the end the final model and optimizer states of both are compared bit for bit.
+The kill-and-resume supervisor (:mod:`crashsafe.workloads.supervisor`) runs the trainer
+(``python -m crashsafe.workloads.digits``) as a child process and SIGKILLs it when training reaches
+randomly chosen steps (after a random extra delay, so kills land anywhere: mid-step, mid-snapshot,
+mid-persist, mid-commit). Each restart resumes from the newest intact checkpoint. An uninterrupted
+reference run trains alongside; at the end the final model and optimizer states of both are
+compared bit for bit.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import random
-import signal
-import subprocess
+import shutil
 import sys
 import tempfile
-import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-__all__ = ["DemoResult", "compare_final", "run_demo", "run_supervised"]
+from crashsafe.cli._common import progress_bar
+from crashsafe.workloads.supervisor import AtSteps, KillRun, spawn, supervise
+
+__all__ = ["compare_final", "run_demo", "run_supervised"]
+
+_RUNS = ("killed", "reference")  # the demo's two runs, each in its own subdirectory of the work dir
 
 
-@dataclass
-class DemoResult:
-    """What the supervised run did, read from the trainer's event log."""
-
-    kills: list[int] = field(default_factory=list)  # step reached when each kill happened
-    restarts: int = 0
-    events: list[dict[str, Any]] = field(default_factory=list)
-    wall: float = 0.0
-
-    def of(self, kind: str) -> list[dict[str, Any]]:
-        return [e for e in self.events if e["event"] == kind]
-
-    @property
-    def lost_steps(self) -> int:
-        """Steps computed but not committed before a kill, so trained again after the restart."""
-        lost = 0
-        starts = self.of("start")
-        for start in starts[1:]:
-            resumed = start["resumed_from"] or 0
-            before = [e["step"] for e in self.events if e["event"] == "step" and e["t"] < start["t"]]
-            lost += max(before) - resumed if before else 0
-        return lost
-
-
-def _trainer_cmd(directory: Path, log: Path, steps: int, every: int, codec: str) -> list[str]:
+def _trainer_cmd(work: Path, steps: int, every: int, codec: str) -> list[str]:
+    """The trainer of one run: checkpoints in ``work/ckpt``, events in ``work/events.jsonl``."""
     return [
         sys.executable,
         "-m",
         "crashsafe.workloads.digits",
         "--dir",
-        str(directory),
+        str(work / "ckpt"),
         "--steps",
         str(steps),
         "--every",
@@ -67,20 +44,8 @@ def _trainer_cmd(directory: Path, log: Path, steps: int, every: int, codec: str)
         "--codec",
         codec,
         "--log",
-        str(log),
+        str(work / "events.jsonl"),
     ]
-
-
-def _read_events(log: Path) -> list[dict[str, Any]]:
-    if not log.exists():
-        return []
-    events = []
-    for line in log.read_text().splitlines():
-        try:
-            events.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a line torn by the kill
-    return events
 
 
 def run_supervised(
@@ -91,58 +56,26 @@ def run_supervised(
     kills: int,
     seed: int,
     codec: str = "raw",
-    progress: Any = None,
-    task: Any = None,
+    on_step: Callable[[int], None] | None = None,
     timeout: float = 600.0,
-) -> DemoResult:
-    """Run the trainer under a supervisor that SIGKILLs it ``kills`` times at random moments."""
+) -> KillRun:
+    """Run the trainer in ``work`` under a supervisor that SIGKILLs it ``kills`` times at random moments.
+
+    It writes ``work/ckpt`` (checkpoints), ``work/events.jsonl`` (its events) and ``work/trainer.log``
+    (its stderr). The kill steps and delays are drawn from ``seed``.
+    """
     rng = random.Random(seed)
     targets = sorted(rng.sample(range(every, steps - 1), kills))
-    log = work / "events.jsonl"
-    result = DemoResult()
-    began = time.perf_counter()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    while True:
-        proc = subprocess.Popen(
-            _trainer_cmd(work / "ckpt", log, steps, every, codec),
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
-        target = targets[len(result.kills)] if len(result.kills) < len(targets) else None
-        delay = rng.uniform(0.0, 0.05)
-        while proc.poll() is None:
-            if time.perf_counter() - began > timeout:
-                proc.kill()
-                raise RuntimeError("the demo trainer did not finish in time")
-            events = _read_events(log)
-            reached = max((e["step"] for e in events if e["event"] == "step"), default=0)
-            if progress is not None:
-                progress.update(task, completed=reached)
-            if (
-                target is not None
-                and reached >= target
-                and any(e["event"] == "start" and e["pid"] == proc.pid for e in events)
-            ):
-                time.sleep(delay)
-                proc.send_signal(signal.SIGKILL)
-                proc.wait()
-                result.kills.append(reached)
-                break
-            time.sleep(0.005)
-        else:
-            if proc.returncode != 0:
-                stderr = proc.stderr.read().decode() if proc.stderr else ""
-                raise RuntimeError(f"the demo trainer failed (exit {proc.returncode}):\n{stderr}")
-            break
-        if proc.stderr:
-            proc.stderr.close()
-        result.restarts += 1
-    if proc.stderr:
-        proc.stderr.close()
-    result.events = _read_events(log)
-    result.wall = time.perf_counter() - began
-    return result
+    plan = AtSteps(targets, [rng.uniform(0.0, 0.05) for _ in targets])
+    return supervise(
+        _trainer_cmd(work, steps, every, codec),
+        work / "events.jsonl",
+        plan,
+        stderr=work / "trainer.log",
+        name="the demo trainer",
+        timeout=timeout,
+        on_step=on_step,
+    )
 
 
 def compare_final(a: Path, b: Path) -> tuple[bool, float, int]:
@@ -175,52 +108,73 @@ def run_demo(
     console: Console,
     every: int = 10,
 ) -> bool:
-    """The main job: supervised run with kills vs uninterrupted run, then a summary table."""
+    """The main job: supervised run with kills vs uninterrupted run, then a summary table.
+
+    Returns whether the final states agree (bit for bit, or within a lossy codec's error). Files go
+    to ``directory``, or to a temporary directory removed at the end unless something went wrong.
+    """
     from crashsafe.codecs.registry import get_codec
 
     lossy = get_codec(codec).lossy
-    tmp = None
-    if directory is None:
-        tmp = tempfile.TemporaryDirectory(prefix="crashsafe-demo-")
-        directory = Path(tmp.name)
-    killed_dir, ref_dir = directory / "killed", directory / "reference"
+    temporary = directory is None
+    work = Path(tempfile.mkdtemp(prefix="crashsafe-demo-")) if directory is None else directory
+    killed_dir, ref_dir = (work / name for name in _RUNS)
+    if any((work / name / "ckpt").exists() for name in _RUNS):
+        console.print(
+            f"[bold red]error:[/] {work} holds checkpoints of an earlier demo; the trainers would resume "
+            "from them. Pass a new --directory, or delete its killed/ and reference/ directories."
+        )
+        return False
     for d in (killed_dir, ref_dir):
         d.mkdir(parents=True, exist_ok=True)
-        for stale in d.glob("events.jsonl"):
-            stale.unlink()
+        for stale in ("events.jsonl", "trainer.log"):
+            (d / stale).unlink(missing_ok=True)
+    plural = "" if kills == 1 else "s"
     console.print(
-        f"[bold]crashsafe demo[/]: digits CNN (scikit-learn's bundled 8x8 digits), {steps} "
-        f"steps, checkpoint every {every}, codec {codec}; {kills} random SIGKILLs. "
-        f"Work dir: {directory}"
+        f"[bold]crashsafe demo[/]: digits CNN (scikit-learn's bundled 8x8 digits), {steps} steps, "
+        f"checkpoint every {every}, codec {codec}; {kills} random SIGKILL{plural}."
     )
-    reference = subprocess.Popen(
-        _trainer_cmd(ref_dir / "ckpt", ref_dir / "events.jsonl", steps, every, codec),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    with Progress(
-        TextColumn("[bold]training (killed run)"),
-        BarColumn(),
-        TextColumn("step {task.completed}/{task.total}"),
-        TimeElapsedColumn(),
-        console=console,
-    ) as progress:
-        task = progress.add_task("train", total=steps)
-        result = run_supervised(
-            killed_dir,
-            steps=steps,
-            every=every,
-            kills=kills,
-            seed=seed,
-            codec=codec,
-            progress=progress,
-            task=task,
-        )
-        progress.update(task, completed=steps)
-    _, ref_err = reference.communicate()
-    if reference.returncode != 0:
-        console.print(f"[red]the reference run failed:[/]\n{ref_err.decode()}")
+    kept = " (temporary: removed at the end unless a check fails; keep it with --directory)"
+    console.print(f"work dir: {work}" + (kept if temporary else ""))
+    console.print(f"  {killed_dir.name}/      the run that is SIGKILLed and resumed")
+    console.print(f"  {ref_dir.name}/   the uninterrupted run")
+    console.print("  each holds ckpt/ (checkpoints), events.jsonl (events), trainer.log (stderr)")
+    ok = _train_and_compare(work, steps=steps, every=every, kills=kills, seed=seed, codec=codec,
+                            lossy=lossy, console=console)
+    if temporary and ok:
+        shutil.rmtree(work, ignore_errors=True)
+        console.print(f"removed the work dir {work}")
+    elif not ok:
+        console.print(f"files kept in {work}")
+    return ok
+
+
+def _train_and_compare(
+    work: Path, *, steps: int, every: int, kills: int, seed: int, codec: str, lossy: bool, console: Console
+) -> bool:
+    """Both runs side by side, then the summary and the verdict; False if a run failed or they differ."""
+    killed_dir, ref_dir = (work / name for name in _RUNS)
+    reference = spawn(_trainer_cmd(ref_dir, steps, every, codec), ref_dir / "trainer.log")
+    try:
+        with progress_bar("training (killed run)", "step {task.completed}/{task.total}", on=console,
+                          transient=False) as progress:
+            task = progress.add_task("train", total=steps)
+            result = run_supervised(
+                killed_dir, steps=steps, every=every, kills=kills, seed=seed, codec=codec,
+                on_step=lambda step: progress.update(task, completed=step),
+            )
+            progress.update(task, completed=steps)
+        if reference.wait() != 0:
+            console.print(f"[bold red]the reference run failed (exit {reference.returncode})[/]: see "
+                          f"{ref_dir / 'trainer.log'}")
+            return False
+    except (RuntimeError, TimeoutError) as exc:
+        console.print(f"[bold red]{exc}[/]")
         return False
+    finally:
+        if reference.poll() is None:
+            reference.kill()
+            reference.wait()
     same, worst, count = compare_final(killed_dir / "ckpt", ref_dir / "ckpt")
     _summary(console, result, steps)
     done = result.of("done")[-1] if result.of("done") else {}
@@ -240,12 +194,10 @@ def run_demo(
             f"[bold red]MISMATCH: the resumed run differs from the uninterrupted run "
             f"(max abs diff {worst:.3g})[/]"
         )
-    if tmp is not None:
-        tmp.cleanup()
     return same or lossy
 
 
-def _summary(console: Console, result: DemoResult, steps: int) -> None:
+def _summary(console: Console, result: KillRun, steps: int) -> None:
     committed = result.of("committed")
     starts = result.of("start")
     recoveries = [s["recovery_s"] for s in starts[1:]]
@@ -259,7 +211,7 @@ def _summary(console: Console, result: DemoResult, steps: int) -> None:
     table.add_column("value", justify="right")
     rows = [
         ("training steps", f"{steps}"),
-        ("SIGKILLs (at steps)", f"{len(result.kills)} ({', '.join(map(str, result.kills))})"),
+        ("SIGKILLs (at steps)", f"{len(result.kills)} ({', '.join(str(k.step) for k in result.kills)})"),
         ("checkpoints committed", f"{len(committed)}"),
         ("mean training stall per save", f"{mean([c['stall'] for c in committed]) * 1e3:.2f} ms"),
         ("mean persist time (background)", f"{mean([c['persist'] for c in committed]) * 1e3:.2f} ms"),

@@ -11,15 +11,9 @@ the same MTBF (many trials, giving the spread a single run should fall in).
 from __future__ import annotations
 
 import itertools
-import json
-import os
-import signal
-import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -30,6 +24,8 @@ from crashsafe.sim.failures import Exponential, Trace
 from crashsafe.sim.profile import Profile
 from crashsafe.sim.result import SimResult
 from crashsafe.sim.simulate import simulate
+from crashsafe.workloads.eventlog import Event, lost_steps, of_kind
+from crashsafe.workloads.supervisor import PoissonKills, supervise
 
 __all__ = ["FieldRun", "Forecast", "forecast", "run_field"]
 
@@ -42,23 +38,16 @@ class FieldRun:
     mtbf: float
     steps: int
     kills: list[float] = field(default_factory=list)  # kill times
-    events: list[dict[str, Any]] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
     wall: float = 0.0  # training start to done
 
-    def of(self, kind: str) -> list[dict[str, Any]]:
-        return [e for e in self.events if e["event"] == kind]
+    def of(self, kind: str) -> list[Event]:
+        return of_kind(self.events, kind)
 
     @property
     def lost_steps(self) -> int:
         """Steps trained but not committed before a kill, so trained again after the restart."""
-        lost, reached = 0, 0
-        for e in self.events:
-            if e["event"] == "step":
-                reached = max(reached, e["step"])
-            elif e["event"] == "start" and e["t"] > self.events[0]["t"]:
-                lost += max(0, reached - e["resumed_from"])
-                reached = e["resumed_from"]
-        return lost
+        return lost_steps(self.events)
 
     @property
     def curve(self) -> LossCurve:
@@ -99,26 +88,6 @@ class Forecast:
     profile: Profile
 
 
-def _launch(
-    work: Path, policy: str, mtbf: float, steps: int, seed: int, ballast_mb: float
-) -> subprocess.Popen[bytes]:
-    src = str(Path(__file__).resolve().parents[2])
-    env = {**os.environ, "PYTHONUNBUFFERED": "1",
-           "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
-    cmd = [sys.executable, "-m", "crashsafe.sim.fieldtrainer", "--dir", str(work / "ckpt"),
-           "--log", str(work / "events.jsonl"), "--policy", policy, "--mtbf", repr(mtbf),
-           "--steps", str(steps), "--seed", str(seed), "--ballast-mb", repr(ballast_mb)]
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            preexec_fn=_die_with_parent if sys.platform == "linux" else None)
-
-
-def _die_with_parent() -> None:
-    """In the child: get SIGKILL if the supervisor dies, so no trainer outlives an interrupted run."""
-    import ctypes
-
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
 def run_field(
     work: Path,
     policy: str,
@@ -133,66 +102,24 @@ def run_field(
     """Train under ``policy`` in ``work`` while SIGKILLing at Poisson times of mean ``mtbf`` seconds.
 
     ``max_kills`` stops the kills after that many (a bound on the run's length when restarts are
-    slow, e.g. on a loaded machine); the forecast replays exactly the kills that happened.
+    slow, e.g. on a loaded machine); the forecast replays exactly the kills that happened. The
+    trainer's checkpoints go to ``work/ckpt``, its events to ``work/events.jsonl``, its stderr to
+    ``work/trainer.log``.
     """
     work.mkdir(parents=True, exist_ok=True)
-    log = work / "events.jsonl"
-    log.touch()
-    rng = np.random.default_rng(kill_seed)
-    run = FieldRun(policy, mtbf, steps)
-    proc = _launch(work, policy, mtbf, steps, 0, ballast_mb)
-    offset, start, next_kill = 0, None, None
-    deadline = time.time() + timeout
-    try:
-        while True:
-            with log.open("rb") as handle:  # read only what is new (a torn last line waits)
-                handle.seek(offset)
-                chunk = handle.read()
-            complete = chunk[: chunk.rfind(b"\n") + 1]
-            offset += len(complete)
-            for line in complete.splitlines():
-                try:
-                    run.events.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue  # the line a kill tore
-                if start is None and run.events[-1]["event"] == "step":
-                    start = run.events[-1]["t"]
-                    next_kill = start + rng.exponential(mtbf)
-            if run.events and run.events[-1]["event"] == "done":
-                proc.wait()
-                break
-            now = time.time()
-            more = max_kills is None or len(run.kills) < max_kills
-            if next_kill is not None and now >= next_kill and more:
-                proc.send_signal(signal.SIGKILL)
-                run.kills.append(time.time())
-                proc.wait()
-                if proc.stderr:
-                    proc.stderr.close()
-                next_kill += rng.exponential(mtbf)
-                with log.open("ab") as handle:  # end a line torn by the kill
-                    handle.write(b"\n")
-                proc = _launch(work, policy, mtbf, steps, 0, ballast_mb)
-            elif proc.poll() is not None and proc.returncode != 0:
-                stderr = proc.stderr.read().decode() if proc.stderr else ""
-                raise RuntimeError(f"the field trainer failed (exit {proc.returncode}):\n{stderr}")
-            if now > deadline:
-                raise TimeoutError(f"the field run of {policy} did not finish in {timeout:.0f} s")
-            time.sleep(0.002)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if proc.stderr:
-            proc.stderr.close()
-    assert start is not None
-    run.wall = run.events[-1]["t"] - start
-    run.kills = [k - start for k in run.kills]
-    for e in run.events:
+    cmd = [sys.executable, "-m", "crashsafe.sim.fieldtrainer", "--dir", str(work / "ckpt"),
+           "--log", str(work / "events.jsonl"), "--policy", policy, "--mtbf", repr(mtbf),
+           "--steps", str(steps), "--seed", "0", "--ballast-mb", repr(ballast_mb)]
+    supervised = supervise(cmd, work / "events.jsonl", PoissonKills(mtbf, kill_seed, max_kills),
+                           stderr=work / "trainer.log", name=f"the field run of {policy}", timeout=timeout)
+    start = supervised.training_start
+    assert start is not None, "the trainer finished without training a step"
+    for e in supervised.events:
         e["t"] -= start
         if "spawned" in e:
             e["spawned"] -= start
-    return run
+    kills = [k.t - start for k in supervised.kills]
+    return FieldRun(policy, mtbf, steps, kills, supervised.events, supervised.of("done")[-1]["t"])
 
 
 def forecast(run: FieldRun, *, trials: int = 1000, seed: int = 0) -> Forecast:

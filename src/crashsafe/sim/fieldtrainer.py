@@ -1,20 +1,17 @@
 """The trainer that the field test kills: the digits CNN under a named save policy.
 
 ``python -m crashsafe.sim.fieldtrainer --dir D --log events.jsonl --policy young --mtbf 6 --steps N``
-resumes from the newest checkpoint (the policy's clock, cost and fit travel in the state) and logs
-JSON lines: ``start``, ``step`` (with loss), ``committed`` (stall, persist), ``done``. A random
-``--ballast-mb`` array in the state gives checkpoints a real, measurable cost.
+resumes from the newest checkpoint (the policy's clock, cost and fit travel in the state), offers a
+save every step for the policy to decide, and logs the events of :mod:`crashsafe.workloads.eventlog`.
+A random ``--ballast-mb`` array in the state gives checkpoints a real, measurable cost.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -23,7 +20,7 @@ __all__ = ["main"]
 
 def main(argv: list[str] | None = None) -> None:
     """Train, checkpointing when the policy says so; see the module docstring."""
-    began = time.time()
+    spawned = time.time()
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--dir", required=True, type=Path)
     parser.add_argument("--log", required=True, type=Path)
@@ -34,40 +31,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ballast-mb", type=float, default=32.0)
     args = parser.parse_args(argv)
 
-    import torch
-
-    import crashsafe as cs
-    from crashsafe.policies import policy_from_name
+    from crashsafe.manager import CheckpointManager
+    from crashsafe.policies.names import policy_from_name
     from crashsafe.workloads.digits import DigitsTrainer
+    from crashsafe.workloads.supervised import deterministic_torch, train_logged
 
-    torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True)
-    log = open(args.log, "a", buffering=1)  # noqa: SIM115 - line-buffered for the supervisor
-
-    def emit(**event: Any) -> None:
-        log.write(json.dumps({"pid": os.getpid(), "t": time.time(), **event}) + "\n")
-
+    deterministic_torch()
     trainer = DigitsTrainer(seed=args.seed)
     policy = policy_from_name(args.policy, mtbf=args.mtbf)
     ballast = np.random.default_rng(args.seed).random(int(args.ballast_mb * 2**20) // 8)
-    state = {**trainer.state, "policy": policy, "ballast": ballast}
-    trainer.state = state  # the trainer advances state["step"]
-    with cs.CheckpointManager(args.dir, keep_last=2, policy=policy) as mgr:
-        restored = mgr.restore(state)
-        emit(event="start", resumed_from=restored or 0, spawned=began)
-        reported = 0
-        while trainer.step < args.steps:
-            loss = trainer.train_step()
-            emit(event="step", step=trainer.step, loss=loss)
-            mgr.maybe_save(trainer.step, state, metrics={"loss": loss})
-            for s in mgr.stats[reported:]:
-                emit(event="committed", step=s.step, stall=s.stall, persist=s.persist)
-            reported = len(mgr.stats)
-        mgr.wait()
-        for s in mgr.stats[reported:]:
-            emit(event="committed", step=s.step, stall=s.stall, persist=s.persist)
-        emit(event="done", step=trainer.step)
-    log.close()
+    trainer.state = {**trainer.state, "policy": policy, "ballast": ballast}  # it advances state["step"]
+    with CheckpointManager(args.dir, keep_last=2, policy=policy) as mgr:
+        train_logged(trainer, mgr, args.log, args.steps, spawned=spawned)
 
 
 if __name__ == "__main__":

@@ -8,8 +8,6 @@ resumed from a checkpoint continues bit-identically (with ``torch.set_num_thread
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -38,7 +36,7 @@ class DigitsTrainer:
         import torch
         from torch import nn
 
-        import crashsafe as cs
+        from crashsafe.state.rng import RNGState
 
         self.seed = seed
         self.batch_size = batch_size
@@ -62,7 +60,7 @@ class DigitsTrainer:
             "model": self.model,
             "optim": self.optim,
             "sched": self.sched,
-            "rng": cs.RNGState(),
+            "rng": RNGState(),
             "step": 0,
         }
 
@@ -110,6 +108,7 @@ def main(argv: list[str] | None = None) -> None:
     Used by ``crashsafe demo`` as the process it kills: ``python -m crashsafe.workloads.digits
     --dir D --steps N --every K --log events.jsonl``.
     """
+    spawned = time.time()
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--dir", required=True, type=Path)
     parser.add_argument("--steps", type=int, default=300)
@@ -119,50 +118,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--log", type=Path, required=True)
     args = parser.parse_args(argv)
 
-    began = time.perf_counter()
-    import torch
+    from crashsafe.manager import CheckpointManager
+    from crashsafe.workloads.supervised import deterministic_torch, train_logged
 
-    import crashsafe as cs
-
-    torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True)
-    log = open(args.log, "a", buffering=1)  # noqa: SIM115 - line-buffered for the supervisor
-
-    def emit(**event: Any) -> None:
-        log.write(json.dumps({"pid": os.getpid(), "t": time.time(), **event}) + "\n")
-
+    deterministic_torch()
     trainer = DigitsTrainer(seed=args.seed)
     codec = {"model.*": args.codec, "*": "raw"}
-    with cs.CheckpointManager(args.dir, keep_last=3, codec=codec, save_on_sigterm=True) as mgr:
-        restore_began = time.perf_counter()
-        restored = mgr.restore(trainer.state)
-        now = time.perf_counter()
-        emit(event="start", resumed_from=restored, recovery_s=now - began, restore_s=now - restore_began)
-        reported = 0
-
-        def report_commits() -> None:
-            nonlocal reported
-            for s in mgr.stats[reported:]:
-                emit(
-                    event="committed",
-                    step=s.step,
-                    stall=s.stall,
-                    persist=s.persist,
-                    stored_bytes=s.stored_bytes,
-                    raw_bytes=s.raw_bytes,
-                )
-            reported = len(mgr.stats)
-
-        while trainer.step < args.steps:
-            loss = trainer.train_step()
-            emit(event="step", step=trainer.step, loss=loss)
-            if trainer.step % args.every == 0 or trainer.step == args.steps:
-                mgr.maybe_save(trainer.step, trainer.state, metrics={"loss": loss})
-            report_commits()
-        mgr.wait()
-        report_commits()
-        emit(event="done", step=trainer.step, accuracy=trainer.accuracy())
-    log.close()
+    with CheckpointManager(args.dir, keep_last=3, codec=codec, save_on_sigterm=True) as mgr:
+        train_logged(
+            trainer,
+            mgr,
+            args.log,
+            args.steps,
+            spawned=spawned,
+            save_every=args.every,
+            done=lambda: {"accuracy": trainer.accuracy()},
+        )
 
 
 if __name__ == "__main__":
