@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -43,14 +44,14 @@ def test_lost_steps_counts_what_each_killed_process_trained_past_its_resume_poin
 def test_the_tail_skips_a_line_torn_by_a_kill(tmp_path: Path) -> None:
     path = tmp_path / "events.jsonl"
     tail = EventTail(path)
-    with EventLog(path) as log:
+    with closing(EventLog(path)) as log:
         log.emit("start", resumed_from=None)
     with path.open("a") as handle:
         handle.write('{"pid": 1, "t": 2.0, "event": "st')  # the writer died here
     assert [e["event"] for e in tail.read()] == ["start"]
     assert tail.read() == []  # the torn line waits for its end
     tail.end_torn_line()
-    with EventLog(path) as log:
+    with closing(EventLog(path)) as log:
         log.emit("step", step=1, loss=0.5)
     assert [e["event"] for e in tail.read()] == ["step"]
 

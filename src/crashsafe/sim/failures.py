@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -41,8 +42,8 @@ def _mtbf(value: float | str) -> float:
 
 
 @dataclass(frozen=True)
-class Exponential:
-    """Poisson failures: exponential times between failures with mean ``mtbf`` (``inf``: never)."""
+class _Renewal(ABC):
+    """Independent, identically distributed times between failures with mean ``mean`` (a duration)."""
 
     mean: float | str
 
@@ -53,29 +54,34 @@ class Exponential:
     def block(self, seed: int, trials: int, start: int, width: int) -> np.ndarray:
         if math.isinf(self.mtbf):
             return np.full((trials, width), math.inf)
-        return np.random.default_rng((seed, start)).exponential(self.mtbf, (trials, width))
+        return self._draw(np.random.default_rng((seed, start)), (trials, width))
+
+    @abstractmethod
+    def _draw(self, rng: np.random.Generator, size: tuple[int, int]) -> np.ndarray:
+        """``size`` times between failures of mean ``self.mtbf`` (finite)."""
 
 
 @dataclass(frozen=True)
-class Weibull:
+class Exponential(_Renewal):
+    """Poisson failures: exponential times between failures with mean ``mtbf`` (``inf``: never)."""
+
+    def _draw(self, rng: np.random.Generator, size: tuple[int, int]) -> np.ndarray:
+        return rng.exponential(self.mtbf, size)
+
+
+@dataclass(frozen=True)
+class Weibull(_Renewal):
     """Weibull times between failures with mean ``mtbf``; ``shape`` < 1 means infant mortality."""
 
-    mean: float | str
     shape: float = 0.7
 
     def __post_init__(self) -> None:
         if not (self.shape > 0 and math.isfinite(self.shape)):
             raise SimulationError(f"Weibull shape must be positive, got {self.shape!r}")
 
-    @property
-    def mtbf(self) -> float:
-        return _mtbf(self.mean)
-
-    def block(self, seed: int, trials: int, start: int, width: int) -> np.ndarray:
-        if math.isinf(self.mtbf):
-            return np.full((trials, width), math.inf)
+    def _draw(self, rng: np.random.Generator, size: tuple[int, int]) -> np.ndarray:
         scale = self.mtbf / math.gamma(1.0 + 1.0 / self.shape)
-        return scale * np.random.default_rng((seed, start)).weibull(self.shape, (trials, width))
+        return scale * rng.weibull(self.shape, size)
 
 
 @dataclass(frozen=True)

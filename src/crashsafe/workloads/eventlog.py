@@ -14,7 +14,6 @@ import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 __all__ = ["Event", "EventLog", "EventTail", "lost_steps", "of_kind"]
@@ -34,14 +33,6 @@ class EventLog:
 
     def close(self) -> None:
         self._file.close()
-
-    def __enter__(self) -> EventLog:
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
 
 class EventTail:

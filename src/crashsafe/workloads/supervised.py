@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import closing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -58,7 +59,7 @@ def train_logged(
     ``spawned`` is the wall time the process started (its recovery time counts from there); ``done``
     adds fields to the final event, e.g. the held-out accuracy.
     """
-    with EventLog(log) as events:
+    with closing(EventLog(log)) as events:
         restore_began = time.perf_counter()
         restored = manager.restore(trainer.state)
         events.emit(
