@@ -12,73 +12,41 @@ from typing import Any
 
 import numpy as np
 
+from crashsafe.codecs._delta import FramedDeltaCodec
 from crashsafe.codecs._frame import FrameReader, FrameWriter
 from crashsafe.codecs._lossless import pack, unpack
-from crashsafe.codecs.base import BytesLike, DeltaCodec, Reference, check_int, empty_output
+from crashsafe.codecs.base import Reference, check_int
 from crashsafe.codecs.registry import register_codec
-from crashsafe.errors import CodecError
 
 __all__ = ["Incremental"]
 
 MAGIC = b"CSXR"
-VERSION = 1
-_FULL, _DELTA = 0, 1
 
 
 @register_codec
 @dataclass(frozen=True)
-class Incremental(DeltaCodec):
+class Incremental(FramedDeltaCodec[None]):
     """Lossless XOR delta against the previous save; ``level`` is the zstd level."""
 
     codec_id = "incremental"
+    magic = MAGIC
     full_every: int = 20
     level: int = 1
 
-    def __post_init__(self) -> None:
-        check_int("incremental", "full_every", self.full_every, 1)
+    def _check_parameters(self) -> None:
         check_int("incremental", "level", self.level, -7, 22)
 
-    def encode_delta(
-        self, array: np.ndarray[Any, Any], reference: Reference | None
-    ) -> tuple[BytesLike, Reference]:
-        out = FrameWriter(MAGIC)
-        out.u8(VERSION)
-        if reference is None:
-            out.u8(_FULL)
-            out.blob(pack(array, self.level))
-            return out.getvalue(), Reference(np.array(array, copy=True))
-        if reference.array.shape != array.shape or reference.array.dtype != array.dtype:
-            raise CodecError(
-                f"incremental reference is {reference.array.dtype}{reference.array.shape}, the array "
-                f"{array.dtype}{array.shape}; start a new chain with a full payload"
-            )
-        out.u8(_DELTA)
+    def _full_level(self) -> int:
+        return self.level
+
+    def _format(self, dtype: np.dtype[Any]) -> None:
+        return None  # any dtype: the change is in bytes
+
+    def _encode_change(
+        self, array: np.ndarray[Any, Any], reference: Reference, fmt: None, out: FrameWriter
+    ) -> None:
         out.blob(pack(array, self.level, against=reference.array))
         np.copyto(reference.array, array)
-        return out.getvalue(), reference
 
-    def decode_delta(
-        self, data: BytesLike, dtype: np.dtype[Any], shape: tuple[int, ...], reference: Reference | None
-    ) -> Reference:
-        src = FrameReader(data, MAGIC, "incremental")
-        src.expect(VERSION, src.u8(), "version")
-        kind = src.u8()
-        if kind == _FULL:
-            if reference is not None:
-                raise CodecError("incremental payload is full but the manifest names a base step")
-            out = empty_output(dtype, shape, "incremental")
-            unpack(src.blob(), out, xor=False, what="incremental")
-            src.done()
-            return Reference(out)
-        if kind != _DELTA:
-            raise CodecError(f"incremental payload has unknown kind {kind}")
-        if reference is None:
-            raise CodecError(
-                "incremental payload is a delta against an earlier step; read it through its chain "
-                "(CheckpointManager.load or crashsafe.chain.read_step)"
-            )
-        if reference.array.shape != tuple(shape) or reference.array.dtype != dtype:
-            raise CodecError("incremental delta does not fit the array of its base step")
+    def _decode_change(self, src: FrameReader, reference: Reference, fmt: None) -> None:
         unpack(src.blob(), reference.array, xor=True, what="incremental")
-        src.done()
-        return reference

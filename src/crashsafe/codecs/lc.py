@@ -17,10 +17,10 @@ from typing import Any
 import numpy as np
 
 from crashsafe.codecs import zeroruns
-from crashsafe.codecs._floats import FloatFormat, float_format, format_by_code
+from crashsafe.codecs._delta import FloatDeltaCodec
+from crashsafe.codecs._floats import FloatFormat
 from crashsafe.codecs._frame import FrameReader, FrameWriter
-from crashsafe.codecs._lossless import pack, unpack
-from crashsafe.codecs.base import BytesLike, DeltaCodec, Reference, check_choice, check_int, empty_output
+from crashsafe.codecs.base import Reference, check_choice, check_int
 from crashsafe.codecs.huffman import HuffmanTable, read_stream, write_stream
 from crashsafe.codecs.registry import register_codec
 from crashsafe.errors import CodecError
@@ -28,11 +28,9 @@ from crashsafe.errors import CodecError
 __all__ = ["LC"]
 
 MAGIC = b"CSLC"
-VERSION = 1
 BLOCK = 1 << 20  # elements per block: one token stream each, bounds the tokens held at once
 _LOG_BLOCKS = range(10, BLOCK.bit_length())  # block sizes a decoder takes: scratch stays bounded
 _CHUNK = 1 << 16  # elements per elementwise step: temporaries stay in cache and get reused
-_FULL, _DELTA = 0, 1
 _REPS = ("midrange", "mean")
 _NO_TOKENS, _SAME_TABLE, _NEW_TABLE = 0, 1, 2
 _STABLE = 1.02  # reuse a cached table while it costs at most 2% over the entropy bound
@@ -48,7 +46,7 @@ class _Buckets:
 
 @register_codec
 @dataclass(frozen=True)
-class LC(DeltaCodec):
+class LC(FloatDeltaCodec):
     """LC-checkpoint lossy delta codec for float tensors.
 
     Args:
@@ -58,61 +56,41 @@ class LC(DeltaCodec):
     """
 
     codec_id = "lc"
-    lossy = True
+    magic = MAGIC
     bits: int = 3
     rep: str = "midrange"
     full_every: int = 100
 
-    def __post_init__(self) -> None:
+    def _check_parameters(self) -> None:
         check_int("lc", "bits", self.bits, 2, 3)
         check_choice("lc", "rep", self.rep, _REPS)
-        check_int("lc", "full_every", self.full_every, 1)
 
     # ------------------------------------------------------------------------------ encode
 
-    def encode_delta(
-        self, array: np.ndarray[Any, Any], reference: Reference | None
-    ) -> tuple[BytesLike, Reference]:
-        fmt = float_format(array.dtype, "lc")
-        if reference is None:
-            out = FrameWriter(MAGIC)
-            for field in (VERSION, _FULL, fmt.code):
-                out.u8(field)
-            out.blob(pack(array, level=1))
-            return out.getvalue(), Reference(np.array(array, copy=True))
-        if reference.array.shape != array.shape or reference.array.dtype != array.dtype:
-            raise CodecError(
-                f"lc reference is {reference.array.dtype}{reference.array.shape}, the array "
-                f"{array.dtype}{array.shape}; start a new chain with a full payload"
-            )
+    def _encode_change(
+        self, array: np.ndarray[Any, Any], reference: Reference, fmt: FloatFormat, out: FrameWriter
+    ) -> None:
+        u, r = array.reshape(-1), reference.array.reshape(-1)
         with np.errstate(all="ignore"):  # inf - inf, overflow: caught as exceptions, stored exactly
-            return self._encode_delta(array.reshape(-1), reference, fmt), reference
-
-    def _encode_delta(self, u: np.ndarray[Any, Any], reference: Reference, fmt: FloatFormat) -> bytes:
-        r = reference.array.reshape(-1)
-        buckets = self._buckets(u, r, fmt)
-        k = buckets.reps.size
-        out = FrameWriter(MAGIC)
-        for field in (VERSION, _DELTA, fmt.code, self.bits, _REPS.index(self.rep)):
-            out.u8(field)
-        out.u8(BLOCK.bit_length() - 1)
-        out.u8(k)
-        out.array(buckets.reps)
-        extras = zeroruns.alphabet(min(BLOCK, u.size), k) if k else None
-        table = reference.memo if isinstance(reference.memo, HuffmanTable) else None
-        for start in range(0, u.size, BLOCK):
-            ub, rb = u[start : start + BLOCK], r[start : start + BLOCK]
-            pos, vals, exceptions = _quantize_block(ub, rb, buckets, fmt)
-            if pos.size:
-                assert extras is not None
-                table = _write_tokens(out, pos, vals, k, extras, table)
-            else:
-                out.u8(_NO_TOKENS)
-            out.u32(exceptions.size)
-            out.array(exceptions.astype(np.uint32))
-            out.array(ub[exceptions])
+            buckets = self._buckets(u, r, fmt)
+            k = buckets.reps.size
+            for field in (self.bits, _REPS.index(self.rep), BLOCK.bit_length() - 1, k):
+                out.u8(field)
+            out.array(buckets.reps)
+            extras = zeroruns.alphabet(min(BLOCK, u.size), k) if k else None
+            table = reference.memo if isinstance(reference.memo, HuffmanTable) else None
+            for start in range(0, u.size, BLOCK):
+                ub, rb = u[start : start + BLOCK], r[start : start + BLOCK]
+                pos, vals, exceptions = _quantize_block(ub, rb, buckets, fmt)
+                if pos.size:
+                    assert extras is not None
+                    table = _write_tokens(out, pos, vals, k, extras, table)
+                else:
+                    out.u8(_NO_TOKENS)
+                out.u32(exceptions.size)
+                out.array(exceptions.astype(np.uint32))
+                out.array(ub[exceptions])
         reference.memo = table
-        return out.getvalue()
 
     def _buckets(self, u: np.ndarray[Any, Any], r: np.ndarray[Any, Any], fmt: FloatFormat) -> _Buckets:
         """Pass 1: per (sign, exponent) key the max and min |delta| (or the sum), then promotion."""
@@ -149,31 +127,7 @@ class LC(DeltaCodec):
 
     # ------------------------------------------------------------------------------ decode
 
-    def decode_delta(
-        self, data: BytesLike, dtype: np.dtype[Any], shape: tuple[int, ...], reference: Reference | None
-    ) -> Reference:
-        fmt = float_format(dtype, "lc")
-        src = FrameReader(data, MAGIC, "lc")
-        src.expect(VERSION, src.u8(), "version")
-        kind = src.u8()
-        if format_by_code(src.u8(), "lc") is not fmt:
-            raise CodecError(f"lc payload holds another float type than the manifest's {dtype}")
-        if kind == _FULL:
-            if reference is not None:
-                raise CodecError("lc payload is a full checkpoint but the manifest names a base step")
-            out = empty_output(dtype, shape, "lc")
-            unpack(src.blob(), out, xor=False, what="lc")
-            src.done()
-            return Reference(out)
-        if kind != _DELTA:
-            raise CodecError(f"lc payload has unknown kind {kind}")
-        if reference is None:
-            raise CodecError(
-                "lc payload is a delta against an earlier step; read it through its chain "
-                "(CheckpointManager.load or crashsafe.chain.read_step)"
-            )
-        if reference.array.shape != tuple(shape) or reference.array.dtype != dtype:
-            raise CodecError("lc delta does not fit the reconstruction of its base step")
+    def _decode_change(self, src: FrameReader, reference: Reference, fmt: FloatFormat) -> None:
         src.expect(self.bits, src.u8(), "bits")
         src.expect(_REPS.index(self.rep), src.u8(), "rep")
         r = reference.array.reshape(-1)
@@ -205,10 +159,8 @@ class LC(DeltaCodec):
             idx = src.array(np.uint32, count)
             if count and (idx[-1] >= rb.size or np.any(np.diff(idx.astype(np.int64)) <= 0)):
                 raise CodecError("lc payload has damaged exception indices")
-            rb[idx] = src.array(dtype, count)
-        src.done()
+            rb[idx] = src.array(r.dtype, count)
         reference.memo = table
-        return reference
 
 
 def _quantize_block(

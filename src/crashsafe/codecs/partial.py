@@ -19,39 +19,34 @@ import math
 import reprlib
 from abc import abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
-from crashsafe.codecs._floats import FloatFormat, float_format, format_by_code
+from crashsafe.codecs._delta import FloatDeltaCodec
+from crashsafe.codecs._floats import FloatFormat
 from crashsafe.codecs._frame import FrameReader, FrameWriter
-from crashsafe.codecs._lossless import pack, unpack
-from crashsafe.codecs.base import BytesLike, DeltaCodec, Reference, check_int, empty_output
+from crashsafe.codecs.base import Reference
 from crashsafe.codecs.registry import register_codec
 from crashsafe.errors import CodecError
 
 __all__ = ["Scar", "TopN"]
 
-VERSION = 1
-_FULL, _DELTA = 0, 1
 _CHUNK = 1 << 20  # elements scored at once
 
 
 @dataclass(frozen=True)
-class _Partial(DeltaCodec):
+class _Partial(FloatDeltaCodec):
     """Shared machinery: rank rows of the tensor by change, store the top ones exactly."""
 
-    magic: ClassVar[bytes]
-    lossy = True
     budget: float = 0.05
     full_every: int = 100
 
-    def __post_init__(self) -> None:
+    def _check_parameters(self) -> None:
         budget = self.budget
         if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 < budget <= 1:
             got = reprlib.repr(budget)
             raise ValueError(f"{self.codec_id} budget must be a fraction in (0, 1], got {got}")
-        check_int(self.codec_id, "full_every", self.full_every, 1)
 
     @abstractmethod
     def _row_length(self, shape: tuple[int, ...]) -> int:
@@ -60,25 +55,13 @@ class _Partial(DeltaCodec):
     def _rows(self, array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         return array.reshape(-1, self._row_length(array.shape)) if array.size else array.reshape(0, 1)
 
-    def encode_delta(
-        self, array: np.ndarray[Any, Any], reference: Reference | None
-    ) -> tuple[BytesLike, Reference]:
-        fmt = float_format(array.dtype, self.codec_id)
-        out = FrameWriter(self.magic)
-        for field in (VERSION, _FULL if reference is None else _DELTA, fmt.code):
-            out.u8(field)
-        if reference is None:
-            out.blob(pack(array, level=1))
-            return out.getvalue(), Reference(np.array(array, copy=True))
-        if reference.array.shape != array.shape or reference.array.dtype != array.dtype:
-            raise CodecError(
-                f"{self.codec_id} reference is {reference.array.dtype}{reference.array.shape}, the "
-                f"array {array.dtype}{array.shape}; start a new chain with a full payload"
-            )
+    def _encode_change(
+        self, array: np.ndarray[Any, Any], reference: Reference, fmt: FloatFormat, out: FrameWriter
+    ) -> None:
         u = self._rows(array)
         r = reference.array.reshape(u.shape)
-        index = np.uint32 if u.shape[0] <= 1 << 32 else np.uint64
-        unit = np.dtype(index).itemsize + u.shape[1] * array.dtype.itemsize
+        index = _index_type(u.shape[0])
+        unit = index.itemsize + u.shape[1] * array.dtype.itemsize
         credit = self.budget * array.nbytes + (reference.memo if isinstance(reference.memo, float) else 0.0)
         rows = _top_rows(u, r, fmt, int(credit // unit))
         reference.memo = min(credit - rows.size * unit, unit + self.budget * array.nbytes)
@@ -86,43 +69,22 @@ class _Partial(DeltaCodec):
         out.array(rows.astype(index))
         out.array(u[rows])
         r[rows] = u[rows]
-        return out.getvalue(), reference
 
-    def decode_delta(
-        self, data: BytesLike, dtype: np.dtype[Any], shape: tuple[int, ...], reference: Reference | None
-    ) -> Reference:
+    def _decode_change(self, src: FrameReader, reference: Reference, fmt: FloatFormat) -> None:
         what = self.codec_id
-        fmt = float_format(dtype, what)
-        src = FrameReader(data, self.magic, what)
-        src.expect(VERSION, src.u8(), "version")
-        kind = src.u8()
-        if format_by_code(src.u8(), what) is not fmt:
-            raise CodecError(f"{what} payload holds another float type than the manifest's {dtype}")
-        if kind == _FULL:
-            if reference is not None:
-                raise CodecError(f"{what} payload is a full checkpoint but the manifest names a base step")
-            out = empty_output(dtype, shape, what)
-            unpack(src.blob(), out, xor=False, what=what)
-            src.done()
-            return Reference(out)
-        if kind != _DELTA or reference is None:
-            raise CodecError(
-                f"{what} payload is a delta against an earlier step; read it through its chain "
-                "(CheckpointManager.load or crashsafe.chain.read_step)"
-            )
-        if reference.array.shape != tuple(shape) or reference.array.dtype != dtype:
-            raise CodecError(f"{what} delta does not fit the reconstruction of its base step")
         r = self._rows(reference.array)
         count = src.u64()
         if count > r.shape[0]:
             raise CodecError(f"{what} payload stores more rows than the tensor has")
-        index = np.uint32 if r.shape[0] <= 1 << 32 else np.uint64
-        rows = src.array(index, count).astype(np.int64)
+        rows = src.array(_index_type(r.shape[0]), count).astype(np.int64)
         if count and (rows[-1] >= r.shape[0] or np.any(np.diff(rows) <= 0)):
             raise CodecError(f"{what} payload has damaged indices")
-        r[rows] = src.array(dtype, count * r.shape[1]).reshape(count, r.shape[1])
-        src.done()
-        return reference
+        r[rows] = src.array(reference.array.dtype, count * r.shape[1]).reshape(count, r.shape[1])
+
+
+def _index_type(rows: int) -> np.dtype[Any]:
+    """Row indices are u32 up to 2**32 rows, u64 beyond."""
+    return np.dtype(np.uint32 if rows <= 1 << 32 else np.uint64)
 
 
 def _top_rows(
