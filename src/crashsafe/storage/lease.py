@@ -18,25 +18,24 @@ import secrets
 import socket
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from crashsafe.errors import CrashsafeError, LockedError, StorageError
 from crashsafe.storage.base import Lock
-from crashsafe.storage.layout import LOCK_NAME
-
-if TYPE_CHECKING:
-    from crashsafe.storage.objectstore import FsspecStore
+from crashsafe.storage.retry import with_retries
 
 __all__ = ["Lease"]
 
 
 class Lease(Lock):
-    """A renewed lease on ``<root>/.lock``."""
+    """A renewed lease on the object ``path`` of the fsspec file system ``fs``."""
 
-    def __init__(self, store: FsspecStore, seconds: float) -> None:
-        self._store = store
+    def __init__(self, fs: Any, path: str, location: str, seconds: float) -> None:
+        self._fs = fs
+        self._location = location
         self._seconds = seconds
-        self._path = store.path(LOCK_NAME)
+        self._path = path
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         self._lost: str | None = None
         self._expires = 0.0
@@ -45,17 +44,20 @@ class Lease(Lock):
         self._renewer = threading.Thread(target=self._renew_loop, name="crashsafe-lease", daemon=True)
         self._renewer.start()
 
+    def _call(self, op: Callable[[], Any], what: str) -> Any:
+        return with_retries(op, f"{what} ({self._location})")
+
     def _body(self) -> bytes:
         self._expires = time.time() + self._seconds
         return json.dumps({"holder": self.holder, "expires": self._expires}).encode()
 
     def _read(self) -> tuple[dict[str, Any] | None, str | None]:
         """The lease as it is now ({} if unreadable) and its tag; (None, None) if there is none."""
-        fs = self._store.fs
+        fs = self._fs
         fs.invalidate_cache(self._path)
         try:
-            data = self._store._call(lambda: fs.cat_file(self._path), "reading the writer lease")
-            info = self._store._call(lambda: fs.info(self._path), "reading the writer lease")
+            data = self._call(lambda: fs.cat_file(self._path), "reading the writer lease")
+            info = self._call(lambda: fs.info(self._path), "reading the writer lease")
         except FileNotFoundError:
             return None, None
         try:
@@ -66,35 +68,40 @@ class Lease(Lock):
         return body if isinstance(body, dict) else {}, tag
 
     def _acquire(self) -> str | None:
-        fs = self._store.fs
+        """Create the lease, or take over one whose holder is gone: expired, or held by a dead
+        process of this host. A lease that looks alive is watched until it should expire: if its
+        holder renews it meanwhile, another writer is running (LockedError)."""
+        fs = self._fs
         try:
-            self._store._call(
-                lambda: fs.pipe_file(self._path, self._body(), mode="create"), "taking the lease"
-            )
+            self._call(lambda: fs.pipe_file(self._path, self._body(), mode="create"), "taking the lease")
+            return self._read()[1]
         except FileExistsError:
-            body, tag = self._read()
-            expires = body.get("expires") if body else None
-            if isinstance(expires, (int, float)) and expires > time.time():
+            pass
+        body, tag = self._read()
+        left = _remaining(body)
+        if left > 0 and not _dead_here(body):
+            time.sleep(min(left, self._seconds) + 0.5)  # a live holder renews before it expires
+            now_body, now_tag = self._read()
+            if now_tag != tag and _remaining(now_body) > 0:
                 raise LockedError(
-                    f"{self._store.location} is being written by another CheckpointManager "
-                    f"({body.get('holder') if body else '?'}, lease valid for {expires - time.time():.0f} s "
-                    "more). Only one writer is allowed: stop the other job, or use another location. Readers "
-                    "can open it with CheckpointManager(..., read_only=True)."
-                ) from None
-            if not self._swap(tag):  # expired (or unreadable): take it over
-                raise LockedError(
-                    f"another writer took over the expired lease of {self._store.location}"
-                ) from None
+                    f"{self._location} is being written by another CheckpointManager "
+                    f"({(now_body or {}).get('holder', '?')}, which keeps renewing its lease). Only one "
+                    "writer is allowed: stop the other job, or use another location. Readers can open it "
+                    "with CheckpointManager(..., read_only=True)."
+                )
+            tag = now_tag
+        if not self._swap(tag):
+            raise LockedError(f"another writer took over the lease of {self._location} first")
         return self._read()[1]
 
     def _swap(self, tag: str | None) -> bool:
         """Replace the lease with ours if it is still the one tagged ``tag``."""
-        fs = self._store.fs
+        fs = self._fs
         body = self._body()
         if "s3" in _protocols(fs) and tag is not None and tag.startswith('"'):
             bucket, key, _ = fs.split_path(self._path)
             try:
-                self._store._call(
+                self._call(
                     lambda: fs.call_s3("put_object", Bucket=bucket, Key=key, Body=body, IfMatch=tag),
                     "renewing the writer lease",
                 )
@@ -105,14 +112,14 @@ class Lease(Lock):
             return True
         if self._read()[1] != tag:
             return False
-        self._store._call(lambda: fs.pipe_file(self._path, body), "renewing the writer lease")
+        self._call(lambda: fs.pipe_file(self._path, body), "renewing the writer lease")
         return True
 
     def _renew_loop(self) -> None:
         while not self._stop.wait(self._seconds / 3):
             try:
                 if not self._swap(self._tag):
-                    self._lost = f"another writer took over the lease of {self._store.location}"
+                    self._lost = f"another writer took over the lease of {self._location}"
                     return
                 self._tag = self._read()[1]
             except CrashsafeError:
@@ -120,7 +127,7 @@ class Lease(Lock):
 
     def check(self) -> None:
         if self._lost is None and time.time() > self._expires:
-            self._lost = f"the lease on {self._store.location} expired before it could be renewed"
+            self._lost = f"the lease on {self._location} expired before it could be renewed"
         if self._lost is not None:
             raise LockedError(
                 f"{self._lost}: this writer stopped so that two writers never write one run. Create a "
@@ -134,7 +141,28 @@ class Lease(Lock):
             with contextlib.suppress(CrashsafeError, FileNotFoundError):
                 body, _ = self._read()
                 if body is not None and body.get("holder") == self.holder:
-                    self._store._call(lambda: self._store.fs.rm_file(self._path), "releasing the lease")
+                    self._call(lambda: self._fs.rm_file(self._path), "releasing the lease")
+
+
+def _remaining(body: dict[str, Any] | None) -> float:
+    """Seconds the lease ``body`` is still valid (0 if it has expired or is unreadable)."""
+    expires = body.get("expires") if body else None
+    return max(0.0, expires - time.time()) if isinstance(expires, (int, float)) else 0.0
+
+
+def _dead_here(body: dict[str, Any] | None) -> bool:
+    """Whether the lease's holder was a process of this host that no longer runs."""
+    host, _, rest = str((body or {}).get("holder", "")).partition(":")
+    pid = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
 
 
 def _protocols(fs: Any) -> set[str]:

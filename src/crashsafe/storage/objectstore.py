@@ -31,7 +31,7 @@ from crashsafe.codecs.base import BytesLike
 from crashsafe.errors import CheckpointExistsError, CorruptCheckpointError, NoCheckpointError, StorageError
 from crashsafe.format.manifest import MANIFEST_NAME
 from crashsafe.storage.base import Capabilities, Draft, Lock, Store, StoredFile, StoredStep
-from crashsafe.storage.layout import parse_step_name, step_name
+from crashsafe.storage.layout import LOCK_NAME, parse_step_name, step_name
 from crashsafe.storage.lease import Lease
 from crashsafe.storage.retry import with_retries
 
@@ -39,7 +39,9 @@ __all__ = ["FsspecStore"]
 
 SHARD_BYTES = 64 << 20  # payloads are packed into objects of about this size
 RANGE_BYTES = 16 << 20  # large reads are split into ranges fetched in parallel
-UPLOADS = 8  # shards in flight at once
+PART_BYTES = 16 << 20  # S3 multipart part size for large payloads
+PARTS_IN_FLIGHT = 4  # parts of one large payload uploaded at once
+UPLOADS = 4  # shards in flight at once
 # fsspec protocols whose "create" write is atomic create-if-absent
 _ATOMIC_CREATE = frozenset({"s3", "s3a", "file", "local", "memory", "gs", "gcs"})
 
@@ -62,6 +64,7 @@ class FsspecStore(Store):
         self.root = path.rstrip("/")
         self.location = url
         protocols = {self.fs.protocol} if isinstance(self.fs.protocol, str) else set(self.fs.protocol)
+        self.is_s3 = bool(protocols & {"s3", "s3a"})
         self.capabilities = Capabilities(
             atomic_rename=False, conditional_put=bool(protocols & _ATOMIC_CREATE), durable_fsync=False
         )
@@ -149,7 +152,7 @@ class FsspecStore(Store):
                 faults.reached("mid_delete")
 
     def lock(self) -> Lock:
-        return Lease(self, self.lease_seconds)
+        return Lease(self.fs, self.path(LOCK_NAME), self.location, self.lease_seconds)
 
     def stored_bytes(self, step: int) -> int:
         name = step_name(step)
@@ -161,31 +164,58 @@ class FsspecStore(Store):
         return int(sum(sizes.values()))
 
 
+class _Parts:
+    """A large payload as s3fs's multipart upload slices it: each part copied only when sent."""
+
+    def __init__(self, view: memoryview) -> None:
+        self._view = view
+
+    def __len__(self) -> int:
+        return len(self._view)
+
+    def __getitem__(self, part: slice) -> bytes:
+        return bytes(self._view[part])
+
+
 class _ObjectFile(StoredFile):
+    """A shard of a committed step. A packed shard (many small payloads) is fetched whole on the
+    first read, one request instead of one per payload; a large payload's shard is read in
+    parallel ranges."""
+
     def __init__(self, store: FsspecStore, path: str, size: int, where: str) -> None:
         self._store = store
         self._path = path
         self.size = size
         self._where = where
+        self._whole: bytes | None = None
 
     def read_into(self, view: memoryview, offset: int) -> None:
-        """Fetch the bytes, in parallel ranges for large reads, straight into ``view``."""
         n = len(view)
         if offset + n > self.size:
             raise CorruptCheckpointError(f"{self._where}: {self._path} ended early")
+        if self.size <= SHARD_BYTES:
+            if self._whole is None:
+                self._whole = self._fetch([0], [self.size])[0]
+            view[:] = self._whole[offset : offset + n]
+            return
         starts = list(range(offset, offset + n, RANGE_BYTES)) or [offset]
-        ends = [min(s + RANGE_BYTES, offset + n) for s in starts]
+        pos = 0
+        for part in self._fetch(starts, [min(s + RANGE_BYTES, offset + n) for s in starts]):
+            view[pos : pos + len(part)] = part
+            pos += len(part)
+
+    def _fetch(self, starts: list[int], ends: list[int]) -> list[bytes]:
         fs = self._store.fs
-        parts = self._store._call(
+        parts: list[bytes] = self._store._call(
             lambda: fs.cat_ranges([self._path] * len(starts), starts, ends, on_error="raise"),
             f"reading {self._path}",
         )
-        pos = 0
-        for part in parts:
-            view[pos : pos + len(part)] = part
-            pos += len(part)
-        if pos != n:
+        if [len(p) for p in parts] != [e - s for s, e in zip(starts, ends, strict=True)]:
             raise CorruptCheckpointError(f"{self._where}: {self._path} ended early")
+        return parts
+
+    def close(self) -> None:
+        self._whole = None
 
 
 class _ObjectStep(StoredStep):
@@ -248,6 +278,8 @@ class _ObjectDraft(Draft):
                 "never overwritten. Save under a new step, or delete it first with `crashsafe gc`."
             )
         self._attempt = secrets.token_hex(8)
+        folder = store.path(self._name)  # a no-op on object stores; file:// needs the directory
+        store._call(lambda: store.fs.makedirs(folder, exist_ok=True), f"starting step {step}")
         self._files: dict[str, int] = {}
         self._current: str | None = None  # the shard being filled with small payloads
         self._buffer = bytearray()
@@ -289,7 +321,16 @@ class _ObjectDraft(Draft):
 
     def _put(self, path: str, data: memoryview) -> None:
         fs = self._store.fs
-        self._store._call(lambda: fs.pipe_file(path, data), f"uploading {path}")
+        body: Any
+        options: dict[str, Any] = {}
+        if isinstance(data.obj, bytearray):
+            body = data.obj  # a packed shard: handed over whole
+        elif self._store.is_s3 and len(data) >= 2 * PART_BYTES:
+            body = _Parts(data)  # s3fs uploads it in parts, copying one part at a time
+            options = {"chunksize": PART_BYTES, "max_concurrency": PARTS_IN_FLIGHT}
+        else:
+            body = bytes(data)  # fsspec backends take bytes
+        self._store._call(lambda: fs.pipe_file(path, body, **options), f"uploading {path}")
         with self._uploaded:
             faults.reached("mid_upload")
 
