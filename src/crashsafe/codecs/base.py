@@ -78,7 +78,8 @@ class DeltaCodec(Codec):
     The codec value stays immutable and stateless; the caller (the manager, or a chain reader)
     keeps the reference. ``encode_delta(a, None)`` writes a self-contained *full* payload, so
     :meth:`encode`/:meth:`decode` work on full payloads like any codec. ``full_every`` bounds a
-    chain: every ``full_every``-th save of a path is full.
+    chain: every ``full_every``-th save of a path is full. The built-in delta codecs share one
+    payload frame and differ only in how they code the change (``codecs/_delta.py``).
     """
 
     full_every: int

@@ -20,8 +20,6 @@ from crashsafe.codecs.registry import register_codec
 
 __all__ = ["Incremental"]
 
-MAGIC = b"CSXR"
-
 
 @register_codec
 @dataclass(frozen=True)
@@ -29,7 +27,7 @@ class Incremental(FramedDeltaCodec[None]):
     """Lossless XOR delta against the previous save; ``level`` is the zstd level."""
 
     codec_id = "incremental"
-    magic = MAGIC
+    magic = b"CSXR"
     full_every: int = 20
     level: int = 1
 
