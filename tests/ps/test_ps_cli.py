@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import shutil
 import subprocess
 import sys
 
@@ -53,8 +55,15 @@ def test_demo_kills_a_server_and_reports_no_loss(ray_session: dict[str, str]) ->
         "mf",
     ]
     result = CliRunner().invoke(app, args)
-    assert result.exit_code == 0, result.output
-    text = " ".join(result.output.split())
-    assert "failure of server 0 before clock 7: recovered by replica" in text
-    assert "updates lost │ 0" in text
-    assert "identical to failure-free run │ yes" in text
+    work = re.search(r"files in (\S+):", result.output)
+    try:
+        assert result.exit_code == 0, result.output
+        text = " ".join(result.output.split())
+        assert "failure of server 0 before clock 7: recovered by replica" in text
+        assert "updates lost │ 0" in text
+        assert "identical to failure-free run │ yes" in text
+        assert "SYSTEM_ERROR" not in text and work is not None
+        assert f"Ray's messages: {work.group(1)}/ray.log" in text
+    finally:
+        if work is not None:  # the demo keeps its files for the user; the test does not
+            shutil.rmtree(work.group(1), ignore_errors=True)

@@ -1,11 +1,15 @@
 """``crashsafe ps ...``: the parameter server with FreeLauncher recovery, live.
 
 Imports of Ray and the parameter server happen inside the commands, so ``crashsafe --help``
-stays fast.
+stays fast. What Ray itself says (its notices, its report on the server the demo kills on purpose)
+goes to a log file the demo names, not to the terminal.
 """
 
 from __future__ import annotations
 
+import sys
+import tempfile
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
@@ -23,7 +27,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-console = Console()
 err = Console(stderr=True)
 
 
@@ -32,8 +35,11 @@ def _group() -> None:
     """Parameter-server commands."""
 
 
-def _train(job: PSJob, config: PSConfig, title: str, failures: list[Failure]) -> RunResult:
-    """Run the job with a live progress bar; print each recovery as it completes."""
+def _train(job: PSJob, config: PSConfig, title: str, failures: list[Failure], console: Console) -> RunResult:
+    """Run the job with a live progress bar; print each recovery as it completes.
+
+    The bar leaves ``sys.stdout`` alone: during the run it is Ray's log file (:func:`ray_messages_to`).
+    """
     with Progress(
         TextColumn(f"[bold]{title}"),
         BarColumn(),
@@ -41,6 +47,7 @@ def _train(job: PSJob, config: PSConfig, title: str, failures: list[Failure]) ->
         TextColumn("clocks  loss {task.fields[loss]}  {task.fields[note]}"),
         TimeElapsedColumn(),
         console=console,
+        redirect_stdout=False,
     ) as progress:
         task = progress.add_task(title, total=config.clocks, loss="-", note="")
         seen = 0
@@ -88,9 +95,12 @@ def demo_cmd(
     ] = None,
 ) -> None:
     """Train on Ray, kill parameter servers mid-run, recover them from workers' copies, and show
-    that no update was lost (and, under BSP, that the model is bit-identical to a clean run)."""
+    that no update was lost (and, under BSP, that the model is bit-identical to a clean run).
+
+    Ray's own messages go to ray.log in a new temporary directory, which also holds the session
+    files of a Ray the demo starts; the demo prints where. It writes no checkpoints."""
     from crashsafe.errors import CrashsafeError
-    from crashsafe.ps import Failure, PSConfig, PSJob
+    from crashsafe.ps import Failure, PSConfig, PSJob, ray_messages_to
 
     try:
         settings: dict[str, Any] = {"consistency": consistency, "optimizer": optimizer}  # checked by PSConfig
@@ -115,22 +125,31 @@ def demo_cmd(
     except CrashsafeError as exc:
         err.print(f"[bold red]error:[/] {exc}")
         raise typer.Exit(2) from None
+    console = Console(file=sys.stdout)  # the terminal, also while sys.stdout is Ray's log file
+    work = Path(tempfile.mkdtemp(prefix="cs-ps-"))  # short: Ray's socket paths must fit in 107 bytes
+    log = work / "ray.log"
     console.print(
         f"starting Ray and {servers} servers + {workers} workers ({workload}, {consistency}, k={replicas})"
     )
-    with PSJob(config, address=address) as job:
-        reference = _train(job, config, "failure-free", []) if compare else None
-        result = _train(job, config, "with failures", failures)
+    console.print(f"files in {work}:", soft_wrap=True)
+    console.print(f"  {log.name}  Ray's own messages (its notices, its report on each killed server)")
+    with ray_messages_to(log), PSJob(config, address=address, temp_dir=str(work)) as job:
+        for session in sorted(work.glob("session_2*")):  # there if the demo started Ray
+            console.print(f"  {session.name}/  Ray's session files and its processes' logs", soft_wrap=True)
+        console.print("  no checkpoints: a killed server's shard is rebuilt from the workers' copies")
+        reference = _train(job, config, "failure-free", [], console) if compare else None
+        result = _train(job, config, "with failures", failures, console)
     identical = reference is not None and all(
         reference.params[name].tobytes() == result.params[name].tobytes() for name in result.params
     )
-    _summary(result, reference, identical)
+    _summary(console, result, reference, identical)
+    console.print(f"Ray's messages: {log}", soft_wrap=True)
     ok = result.updates_lost == 0 and (reference is None or consistency == "ssp" or identical)
     if not ok:
         raise typer.Exit(1)
 
 
-def _summary(result: RunResult, reference: RunResult | None, identical: bool) -> None:
+def _summary(console: Console, result: RunResult, reference: RunResult | None, identical: bool) -> None:
     from crashsafe.cli._common import human_bytes
 
     table = Table(title="parameter server: run with failures")

@@ -5,13 +5,22 @@
 ...     result = job.run([Failure(clock=30, servers=(0,))])
 >>> result.updates_lost, result.recomputed_clocks              # doctest: +SKIP
 (0, 0)
+
+``PSJob`` is imported on first use: it brings in Ray, and ``import crashsafe.ps`` (configs,
+results, errors) does not need it.
 """
 
-from crashsafe.ps.cluster import connect, local_ray
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from crashsafe.ps.cluster import connect, local_ray, ray_messages_to
 from crashsafe.ps.config import Failure, PSConfig
-from crashsafe.ps.driver import PSJob
 from crashsafe.ps.errors import DataLossError, DataLossWarning, PSConfigError, PSError, ServerRecoveringError
 from crashsafe.ps.result import Recovery, RunResult
+
+if TYPE_CHECKING:
+    from crashsafe.ps.driver import PSJob
 
 __all__ = [
     "DataLossError",
@@ -26,4 +35,14 @@ __all__ = [
     "ServerRecoveringError",
     "connect",
     "local_ray",
+    "ray_messages_to",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``PSJob`` (and with it Ray) is imported on first use."""
+    if name == "PSJob":
+        from crashsafe.ps.driver import PSJob
+
+        return PSJob
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -20,24 +20,17 @@ import numpy as np
 from numpy.typing import NDArray
 
 from crashsafe.ps import optim
+from crashsafe.ps.calls import LOST, get_or_lost
 from crashsafe.ps.config import PSConfig
-from crashsafe.ps.errors import ServerRecoveringError
 from crashsafe.ps.layout import BlockLayout, ranges_index
 from crashsafe.ps.messages import APPLIED, COUNT, VER, Copy, Push, decode_copy, nbytes, pack_meta
 from crashsafe.ps.workloads import make_workload
 
-__all__ = ["BlockStore", "PSWorker", "install_pull", "server_unavailable"]
+__all__ = ["BlockStore", "PSWorker", "install_pull"]
 
 Ints = NDArray[np.int64]
 F32 = NDArray[np.float32]
 _BATCH = 32  # replica copies a worker keeps as received before installing them together
-
-
-def server_unavailable(exc: BaseException) -> bool:
-    """True for the errors a dead, restarting or rebuilding server produces."""
-    from ray.exceptions import RayActorError
-
-    return isinstance(exc, (RayActorError, ServerRecoveringError))
 
 
 class BlockStore:
@@ -188,8 +181,6 @@ class PSWorker:
         Returns ``status`` ``"pull_failed"`` (nothing computed; run the clock again after the
         servers recover) or ``"ok"``, with the servers a push failed on (their recovery replays it).
         """
-        import ray
-
         self.replicate(replicas or [])
         for t in [t for t in self.retained if t <= ack]:
             del self.retained[t]
@@ -203,11 +194,8 @@ class PSWorker:
         }
         failed, pulled, extra = [], 0, 0
         for s, ref in calls.items():
-            try:
-                copy = ray.get(ref)
-            except Exception as exc:
-                if not server_unavailable(exc):
-                    raise
+            copy = get_or_lost(ref)
+            if copy is LOST:
                 failed.append(s)
                 continue
             install_pull(copy, clock, self.cache, self.pulled)
@@ -221,13 +209,7 @@ class PSWorker:
         if self.cfg.ft:
             self.retained[clock] = pushes
         refs = {s: self.servers[s].push.remote(p) for s, p in pushes.items()}
-        for s, ref in refs.items():
-            try:
-                ray.get(ref)
-            except Exception as exc:
-                if not server_unavailable(exc):
-                    raise
-                failed.append(s)
+        failed += [s for s, ref in refs.items() if get_or_lost(ref) is LOST]
         updates = sum(int(np.unique(self.layout.blocks_of_rows(ti, r)).size) for ti, r in enumerate(rows))
         return {
             "status": "ok",
