@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,8 @@ import s3fs
 import crashsafe as cs
 from crashsafe.storage.objectstore import FsspecStore
 from crashsafe.storage.writer import StepWriter
+
+from .faultproxy import FaultProxy
 
 SCRIPTS = Path(__file__).parent / "scripts"
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -195,3 +198,50 @@ def test_sigkilled_uploads_never_damage_committed_steps(
         assert state["step"] == step and np.all(state["big"] == step)
         assert all(np.all(v == step) for v in state["small"].values())
     assert len(seen) > 20
+
+
+@pytest.fixture
+def proxy(s3_endpoint: str) -> Iterator[FaultProxy]:
+    """A misbehaving proxy on 127.0.0.1 in front of the S3 test server."""
+    fault_proxy = FaultProxy(int(s3_endpoint.rsplit(":", 1)[1]))
+    try:
+        yield fault_proxy
+    finally:
+        fault_proxy.close()
+
+
+def _through(proxy: FaultProxy, options: dict[str, Any]) -> dict[str, Any]:
+    """Options reaching S3 through the proxy; botocore's own retries cut to one (ours remain)."""
+    client = {**options["client_kwargs"], "endpoint_url": proxy.endpoint}
+    return {**options, "client_kwargs": client, "config_kwargs": {"retries": {"max_attempts": 1}}}
+
+
+@pytest.mark.parametrize("mode", ["503", "drop", "delay"])
+def test_saves_ride_out_a_flaky_network(
+    bucket: str, options: dict[str, Any], proxy: FaultProxy, mode: str
+) -> None:
+    """503 answers, reset connections or a slow link for a while: the save retries and commits."""
+    url = f"s3://{bucket}/run"
+    with cs.CheckpointManager(url, storage_options=_through(proxy, options), async_save=False) as mgr:
+        mgr.save(1, _state(1))
+        proxy.fault(mode, seconds=1.0)
+        mgr.save(2, _state(2))
+        assert proxy.counts[mode] > 0  # the fault really hit requests
+    _is(cs.CheckpointManager(url, storage_options=options, read_only=True).load(), 2)
+
+
+def test_a_lasting_outage_fails_clearly_and_commits_nothing(
+    bucket: str, options: dict[str, Any], proxy: FaultProxy
+) -> None:
+    url = f"s3://{bucket}/run"
+    mgr = cs.CheckpointManager(url, storage_options=_through(proxy, options), async_save=False)
+    mgr.save(1, _state(1))
+    proxy.fault("503")
+    started = time.monotonic()
+    with pytest.raises(cs.StorageError, match="failed 4 times.*Nothing was committed"):
+        mgr.save(2, _state(2))
+    assert time.monotonic() - started < 30
+    proxy.fault("pass", 0)
+    mgr.close()
+    reader = cs.CheckpointManager(url, storage_options=options, read_only=True)
+    assert reader.steps() == [1] and cs.verify(url, storage_options=options).ok

@@ -5,6 +5,7 @@ is a StorageError that says nothing was committed.
 
 from __future__ import annotations
 
+import errno
 import random
 import time
 from collections.abc import Callable
@@ -14,7 +15,7 @@ from crashsafe.errors import CrashsafeError, StorageError
 
 __all__ = ["ATTEMPTS", "is_transient", "with_retries"]
 
-ATTEMPTS = 6  # with backoff 0.2 s, 0.4 s, ... (capped at 5 s): about 6 s of trying
+ATTEMPTS = 4  # with backoff 0.2 s, 0.4 s, 0.8 s between; the backend retries inside each (s3fs, botocore)
 _FIRST_DELAY = 0.2
 _MAX_DELAY = 5.0
 _T = TypeVar("_T")
@@ -25,6 +26,20 @@ _MARKERS = (
     "ServerDisconnected", "ClientConnector", "ClientOSError", "Broken pipe",
 )  # fmt: skip
 _PERMANENT = (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError, NotADirectoryError)
+_TRANSIENT_ERRNOS = frozenset(
+    {
+        errno.EAGAIN,
+        errno.EBUSY,
+        errno.ETIMEDOUT,
+        errno.ECONNRESET,
+        errno.ECONNREFUSED,
+        errno.ECONNABORTED,
+        errno.EPIPE,
+        errno.ENETUNREACH,
+        errno.EHOSTUNREACH,
+        errno.ENETDOWN,
+    }
+)  # fmt: skip  (s3fs maps 503 ServiceUnavailable and SlowDown to EBUSY)
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -32,6 +47,8 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, (_PERMANENT, CrashsafeError)):
         return False
     if isinstance(exc, (TimeoutError, ConnectionError)):
+        return True
+    if isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS:
         return True
     text = f"{type(exc).__name__}: {exc}"
     return any(marker in text for marker in _MARKERS)

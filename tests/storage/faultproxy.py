@@ -1,0 +1,116 @@
+"""A TCP proxy on 127.0.0.1 in front of the S3 test server that misbehaves on request.
+
+Modes, chosen per connection when it is accepted:
+
+- ``pass``: bytes flow both ways unchanged;
+- ``503``: the first request on the connection is read and answered ``503 Service Unavailable``,
+  then the connection is closed (what an overloaded S3 front end does);
+- ``drop``: the connection is reset at once (a dead node, a network partition);
+- ``delay``: like ``pass`` after ``delay`` seconds (a slow network).
+
+``fault(mode, seconds)`` switches to ``mode`` for a while, then back to ``pass``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import struct
+import threading
+import time
+
+
+class FaultProxy:
+    def __init__(self, target_port: int, delay: float = 0.5) -> None:
+        self.target = ("127.0.0.1", target_port)
+        self.delay = delay
+        self._mode = "pass"
+        self._until = 0.0
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener.settimeout(0.1)  # accept() wakes up to see close()
+        self.port: int = self._listener.getsockname()[1]
+        self.counts: dict[str, int] = {"pass": 0, "503": 0, "drop": 0, "delay": 0}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def fault(self, mode: str, seconds: float = 1e9) -> None:
+        self._mode, self._until = mode, time.monotonic() + seconds
+
+    def mode(self) -> str:
+        return self._mode if time.monotonic() < self._until else "pass"
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._listener.close()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            client.settimeout(None)
+            mode = self.mode()
+            self.counts[mode] += 1
+            threading.Thread(target=self._handle, args=(client, mode), daemon=True).start()
+
+    def _handle(self, client: socket.socket, mode: str) -> None:
+        with contextlib.closing(client):
+            if mode == "drop":
+                client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # RST
+                return
+            if mode == "503":
+                _read_request(client)
+                body = b"<Error><Code>ServiceUnavailable</Code><Message>try again</Message></Error>"
+                head = "HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\n"
+                head += f"Content-Length: {len(body)}\r\n\r\n"
+                with contextlib.suppress(OSError):
+                    client.sendall(head.encode() + body)
+                return
+            if mode == "delay":
+                time.sleep(self.delay)
+            try:
+                upstream = socket.create_connection(self.target)
+            except OSError:
+                return
+            with contextlib.closing(upstream):
+                back = threading.Thread(target=_pipe, args=(upstream, client), daemon=True)
+                back.start()
+                _pipe(client, upstream)
+                back.join(timeout=30)
+
+
+def _read_request(sock: socket.socket) -> None:
+    """Read one HTTP request (head and Content-Length body) so the client sees a whole answer."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":", 1)[1])
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return
+        body += chunk
+
+
+def _pipe(src: socket.socket, dst: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        while chunk := src.recv(1 << 16):
+            dst.sendall(chunk)
+    with contextlib.suppress(OSError):
+        dst.shutdown(socket.SHUT_WR)
