@@ -212,7 +212,7 @@ def test_old_view_keeps_its_block_until_dropped(shm_dir: Path) -> None:
 def test_full_arena_is_a_clear_error_and_data_stays_intact(shm_dir: Path, mode: str) -> None:
     path = shm_dir / "s"
     with Shelf(path, size="1MiB", tx_mode=mode) as shelf:
-        free = shelf.size - shelf._sb.data_start
+        free = shelf.data_bytes
         shelf["keep"] = np.arange(1000.0)
         with pytest.raises(ShelfFullError, match="is full") as info:
             shelf["huge"] = np.zeros(free // 8)
@@ -381,7 +381,7 @@ def test_metadata_json_is_exactly_json_dumps(shm_dir: Path) -> None:
                 del shelf["é\"\\ ✓"]  # a commit record naming a deleted variable
             else:
                 shelf.update({**values, "x": step / 3})
-            meta = shelf._meta
+            meta = shelf.metadata
             doc = {"format": 1, "size": meta.size, "tx": meta.tx, "rollback": meta.rollback,
                    "vars": {name: _entry_doc(e) for name, e in meta.vars.items()}}
             want = json.dumps(doc, separators=(",", ":")).encode()

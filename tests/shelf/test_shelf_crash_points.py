@@ -45,7 +45,8 @@ def test_sigkill_at_each_point_of_a_transaction(shm_dir: Path, run_script: Run, 
             states.assert_a(shelf)
             assert shelf.recovered is not None and shelf.recovered.seq == shelf.seq
             assert len(recovered_warnings) == 1 and "rolled back" in str(recovered_warnings[0].message)
-            assert shelf._meta.rollback is not None and shelf._meta.rollback["reason"] == "crash"
+            rollback = shelf.metadata.rollback
+            assert rollback is not None and rollback["reason"] == "crash"
         shelf.verify()
     if point == "shelf_after_meta":
         return

@@ -220,7 +220,7 @@ def test_a_refused_begin_leaves_every_spare_read_only(shm_dir: Path) -> None:
             pass
         with pytest.raises(ShelfError, match="'y' committed two iterations ago"):
             loop.begin()
-        assert not any(view.flags.writeable for views in loop._views for view in views)
+        assert loop.writable == ()
         del kept
 
 
@@ -360,7 +360,7 @@ def test_sigkill_with_power_durability_on_disk(tmp_path: Path, run_script: Run, 
 
 
 def _record_slots(shelf: Shelf) -> tuple[int, int]:
-    layout = shelf._meta.loop
+    layout = shelf.metadata.loop
     assert layout is not None
     return layout.slot(shelf.seq), layout.slot(shelf.seq - 1)
 
@@ -406,10 +406,10 @@ def test_a_forged_loop_record_is_refused(shm_dir: Path) -> None:
     path = shm_dir / "s"
     loop_state_a(path)
     with Shelf(path) as shelf:
-        layout = shelf._meta.loop
+        layout = shelf.metadata.loop
         assert layout is not None
         newest, _ = _record_slots(shelf)
-        fields = list(layout.record.unpack_from(shelf._mv, newest))
+    fields = list(layout.record.unpack_from(path.read_bytes(), newest))
     fields[4] = 2  # x in a third block
     body = layout.record.pack(*fields)
     with open(path, "r+b") as f:
@@ -460,13 +460,14 @@ def test_forged_loop_layouts_are_refused(shm_dir: Path) -> None:
 def test_record_layout_is_what_the_docs_say(shm_dir: Path) -> None:
     loop_state_a(shm_dir / "s")
     with Shelf(shm_dir / "s") as shelf:
-        layout = shelf._meta.loop
+        layout = shelf.metadata.loop
         assert layout is not None
         assert layout.record.format == "<8sQQd" + "QQQ" * 2 + "qQ" + "dQ" + "?Q" + "Q"
         newest, _ = _record_slots(shelf)
-        fields = layout.record.unpack_from(shelf._mv, newest)
+        raw = shelf.path.read_bytes()
+        fields = layout.record.unpack_from(raw, newest)
         assert fields[:3] == (b"CSLOOP01", shelf.seq, layout.id)
-        x = shelf._meta.vars["x"]
+        x = shelf.metadata.vars["x"]
         assert fields[4:7] == (int(x.offset == layout.arrays[0][2]), x.digest, x.version)
-        (checksum,) = struct.unpack_from("<Q", shelf._mv, newest + layout.record.size)
-        assert checksum == xxhash.xxh3_64_intdigest(shelf._mv[newest : newest + layout.record.size])
+        (checksum,) = struct.unpack_from("<Q", raw, newest + layout.record.size)
+        assert checksum == xxhash.xxh3_64_intdigest(raw[newest : newest + layout.record.size])

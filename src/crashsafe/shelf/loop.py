@@ -214,6 +214,12 @@ class Loop:
     def in_iteration(self) -> bool:
         return self._out is not None
 
+    @property
+    def writable(self) -> tuple[str, ...]:
+        """The arrays with a writable block now: their spares, during an iteration; none otherwise."""
+        return tuple(name for name, views in zip(self._array_names, self._views, strict=True)
+                     if any(view.flags.writeable for view in views))
+
     # ------------------------------------------------------------------ one iteration
 
     def begin(self) -> dict[str, _Array]:

@@ -466,8 +466,20 @@ class Shelf(MutableMapping[str, Any]):
         return dict(self._meta.tx)
 
     @property
+    def metadata(self) -> Meta:
+        """The committed metadata (variables, last transaction and rollback, loop layout), as the
+        next commit would encode it: for tools and tests; do not change it."""
+        return self._meta
+
+    @property
     def size(self) -> int:
         return self._meta.size
+
+    @property
+    def data_bytes(self) -> int:
+        """Bytes of the arena's data region: its size less the superblock, undo records and
+        metadata slots."""
+        return self._meta.size - self._sb.data_start
 
     @property
     def used(self) -> int:

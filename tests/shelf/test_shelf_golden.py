@@ -1,0 +1,64 @@
+"""Golden bytes: a fixed sequence of shelf operations (scripts/golden_shelf.py: transactions of both
+modes, aborts, a loop, growth, two crashes) leaves exactly the bytes the code of commit b011b25 left,
+region by region. A refactoring must not change the arena, the metadata or the loop records."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+# printed by `PYTHONPATH=<checkout of b011b25>/src python tests/shelf/scripts/golden_shelf.py DIR`
+EXPECTED = json.loads("""
+{
+ "crashed_loop": {
+  "data": "02c5cf95a4177e0f",
+  "file": "7b1a8f7eda44d9f2",
+  "records": "0675097b3faf63ef",
+  "slot0": "7e30d3e6dabfa3fe",
+  "slot1": "a3069225d935f2d4",
+  "superblock": "e22f67851e97925e"
+ },
+ "crashed_tx": {
+  "data": "3af5c9e35766b2de",
+  "file": "181e7c907d4347d8",
+  "records": "0675097b3faf63ef",
+  "slot0": "3ec3dd3002cd17af",
+  "slot1": "55cc75c460d6a1df",
+  "superblock": "e22f67851e97925e"
+ },
+ "grown": {
+  "data": "10081f7b461ecbb8",
+  "file": "a0a23c8b47eeefe0",
+  "records": "5f0e8cb38fe09260",
+  "slot0": "3ec3dd3002cd17af",
+  "slot1": "71acd095a4a9c050",
+  "superblock": "e22f67851e97925e"
+ },
+ "loop": {
+  "data": "553343fd12c1eecc",
+  "file": "c3958aa3acafdc0d",
+  "records": "cb252556f11ab4f5",
+  "slot0": "bf9ee0b0cb8fdb7d",
+  "slot1": "bf4a7f1711a5d526",
+  "superblock": "e22f67851e97925e"
+ },
+ "transactions": {
+  "data": "9205ba4771a96850",
+  "file": "2980575376cb38ff",
+  "records": "7d7fc34bcfced7b0",
+  "slot0": "e3c254601a4800c6",
+  "slot1": "4919b8132ff0dd09",
+  "superblock": "e22f67851e97925e"
+ }
+}
+""")
+
+
+def test_the_shelf_writes_the_bytes_it_always_wrote(
+    shm_dir: Path, run_script: Callable[..., subprocess.CompletedProcess[str]]
+) -> None:
+    result = run_script("golden_shelf.py", shm_dir, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == EXPECTED
