@@ -15,6 +15,7 @@ __all__ = [
     "CrashsafeWarning",
     "DiskFullError",
     "LockedError",
+    "MirrorWarning",
     "NoCheckpointError",
     "SaveFailedError",
     "StorageError",
@@ -52,6 +53,11 @@ class CrashsafeWarning(UserWarning):
 
 class CorruptCheckpointWarning(CrashsafeWarning):
     """Issued when restore skips a damaged checkpoint and falls back to an older one."""
+
+
+class MirrorWarning(CrashsafeWarning):
+    """The mirror (second tier) could not be written or listed for now; the local tier is used and
+    the copy is retried."""
 
 
 class StorageError(CrashsafeError, OSError):

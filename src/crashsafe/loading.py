@@ -9,6 +9,7 @@ reader beside a writer always ends on a whole step.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 from crashsafe.chain import read_step
@@ -16,6 +17,7 @@ from crashsafe.errors import (
     CorruptCheckpointError,
     CorruptCheckpointWarning,
     CrashsafeError,
+    MirrorWarning,
     NoCheckpointError,
     StorageError,
 )
@@ -23,7 +25,7 @@ from crashsafe.state.rebuild import to_value, unflatten
 from crashsafe.storage.base import Store
 from crashsafe.storage.oserror import storage_error
 
-__all__ = ["READ_ATTEMPTS", "newest_intact", "read_state"]
+__all__ = ["READ_ATTEMPTS", "listed_steps", "newest_intact", "read_state"]
 
 READ_ATTEMPTS = 5  # listings tried when every step tried vanished
 
@@ -43,21 +45,43 @@ def read_state(store: Store, step: int, numpy: bool) -> dict[str, Any]:
     return state
 
 
-def newest_intact(store: Store, numpy: bool, stacklevel: int = 2) -> tuple[int, dict[str, Any]] | None:
-    """(step, state) of the newest step that reads back intact, or None if there is no step."""
-    damage: dict[int, str] = {}
+def listed_steps(stores: Sequence[Store], stacklevel: int = 2) -> list[list[int]]:
+    """Each store's committed steps. The first store is the primary tier and its errors count; a
+    mirror that cannot be listed (an outage) is read as empty, with a warning."""
+    listed = [stores[0].steps()] if stores else []
+    for store in stores[1:]:
+        try:
+            listed.append(store.steps())
+        except StorageError as exc:
+            warnings.warn(
+                f"the mirror {store.location} cannot be listed now ({exc}); reading the local tier only",
+                MirrorWarning,
+                stacklevel=stacklevel + 1,
+            )
+            listed.append([])
+    return listed
+
+
+def newest_intact(
+    stores: Sequence[Store], numpy: bool, stacklevel: int = 2
+) -> tuple[int, dict[str, Any]] | None:
+    """(step, state) of the newest step that reads back intact from any of ``stores`` (tried in
+    order for one step: a local copy before its mirror), or None if there is no step at all."""
+    damage: dict[tuple[int, int], str] = {}
     for _ in range(READ_ATTEMPTS):
-        steps = store.steps()
-        if not steps:
+        candidates = sorted(
+            ((step, -i) for i, store in enumerate(stores) for step in store.steps()), reverse=True
+        )
+        if not candidates:
             return None
         vanished = False
-        for candidate in reversed(steps):
-            if candidate in damage:
+        for step, tier in candidates:
+            if (step, tier) in damage:
                 continue
             try:
-                return candidate, read_state(store, candidate, numpy)
+                return step, read_state(stores[-tier], step, numpy)
             except (CorruptCheckpointError, StorageError) as exc:
-                damage[candidate] = str(exc)
+                damage[step, tier] = str(exc)
                 warnings.warn(
                     f"skipping damaged checkpoint: {exc}. Falling back to an older step.",
                     CorruptCheckpointWarning,
@@ -67,13 +91,14 @@ def newest_intact(store: Store, numpy: bool, stacklevel: int = 2) -> tuple[int, 
                 vanished = True  # deleted by the writer's retention while we read it
         if not vanished:
             break
+    where = " and ".join(store.location for store in stores)
     if not damage:
         raise NoCheckpointError(
-            f"every step of {store.location} was deleted while it was read, {READ_ATTEMPTS} times over; "
-            "another process is deleting steps. Try again"
+            f"every step of {where} was deleted while it was read, {READ_ATTEMPTS} times over; another "
+            "process is deleting steps. Try again"
         )
     raise CorruptCheckpointError(
-        f"every checkpoint in {store.location} is damaged: "
-        + "; ".join(damage[s] for s in sorted(damage, reverse=True))
+        f"every checkpoint in {where} is damaged: "
+        + "; ".join(damage[k] for k in sorted(damage, reverse=True))
         + ". Run `crashsafe verify` for details."
     )

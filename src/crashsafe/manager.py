@@ -33,7 +33,8 @@ from crashsafe.errors import (
     UnsupportedStateError,
 )
 from crashsafe.format.manifest import MAX_STEP, Manifest, PayloadEntry
-from crashsafe.loading import newest_intact, read_state
+from crashsafe.loading import listed_steps, newest_intact, read_state
+from crashsafe.mirroring import Mirror
 from crashsafe.policies.base import EverySteps, SaveContext, SavePolicy
 from crashsafe.policies.retention import validate_retention
 from crashsafe.state.rebuild import apply_into, check_into
@@ -41,7 +42,7 @@ from crashsafe.state.staging import StagingPool, view_bytes
 from crashsafe.state.tree import ArrayLeaf, flatten
 from crashsafe.storage.base import Lock, Store
 from crashsafe.storage.reader import read_manifest
-from crashsafe.storage.stores import open_store
+from crashsafe.storage.stores import is_url, open_store
 from crashsafe.storage.writer import StepWriter, delete_steps
 
 __all__ = ["CheckpointManager", "CodecSpec", "SaveStats"]
@@ -78,8 +79,12 @@ class CheckpointManager:
         policy: decides ``maybe_save``; default saves at every call.
         read_only: open for reading only (no lock; save is refused).
         save_on_sigterm: on SIGTERM, the next ``save``/``maybe_save`` commits, then exits (143).
-        storage_options: for a URL, passed to fsspec as they are (key, secret,
-            ``client_kwargs={"endpoint_url": ...}``).
+        storage_options: for a URL (``directory`` or ``mirror``), passed to fsspec as they are (key,
+            secret, ``client_kwargs={"endpoint_url": ...}``).
+        mirror: a second tier, usually ``s3://bucket/run``: each step committed locally is copied
+            there in the background, verified after upload; ``restore`` takes the newest intact
+            step of either tier, so a new machine with an empty ``directory`` resumes from it.
+        mirror_keep_last, mirror_keep_every: the mirror's own retention (default: keep all).
     """
 
     def __init__(
@@ -95,9 +100,14 @@ class CheckpointManager:
         read_only: bool = False,
         save_on_sigterm: bool = False,
         storage_options: Mapping[str, Any] | None = None,
+        mirror: str | os.PathLike[str] | None = None,
+        mirror_keep_last: int | None = None,
+        mirror_keep_every: int | None = None,
     ) -> None:
         validate_retention(keep_last, keep_every)
+        validate_retention(mirror_keep_last, mirror_keep_every)
         self.directory = os.fspath(directory)
+        self.mirror = None if mirror is None else os.fspath(mirror)
         self._storage_options = dict(storage_options or {})
         self.keep_last = keep_last
         self.keep_every = keep_every
@@ -108,6 +118,7 @@ class CheckpointManager:
         self._bases: dict[int, frozenset[int]] = {}  # step -> steps its deltas need (cache)
         self._lock: Lock | None = None
         self._store: Store | None = None  # a writer's store, held open for its lifetime
+        self._mirror: Mirror | None = None
         self._pool = StagingPool() if async_save else None
         self._executor: ThreadPoolExecutor | None = None
         self._pending: Future[SaveStats] | None = None
@@ -120,15 +131,19 @@ class CheckpointManager:
         self._previous_handler: Any = None
         self._closed = False
         if read_only:
-            open_store(self.directory, storage_options=self._storage_options).close()  # it must exist
+            if self.mirror is None:
+                self._open(self.directory).close()  # it must exist
             return
-        self._store = open_store(self.directory, storage_options=self._storage_options, create=True)
+        self._store = self._open(self.directory, create=True)
         try:
             self._lock = self._store.lock()
+            self._store.remove_leftovers(self._store.leftovers())
+            if self.mirror is not None:
+                remote = self._open(self.mirror, create=True)
+                self._mirror = Mirror(self._store, remote, mirror_keep_last, mirror_keep_every)
         except BaseException:
-            self._store.close()
+            self.close()
             raise
-        self._store.remove_leftovers(self._store.leftovers())
         if async_save:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="crashsafe-persist")
         if save_on_sigterm:
@@ -146,6 +161,9 @@ class CheckpointManager:
             raise UnsupportedStateError(f"state must be a dict of named values, got a {type(state).__name__}")
         begin = time.perf_counter()
         self._wait_pending()
+        if self._mirror is not None:
+            self._mirror.report()
+            self._mirror.retry()
         self._check_store(store, f"saving step {step}")
         committed = frozenset(store.steps())
         if step in committed:
@@ -210,6 +228,18 @@ class CheckpointManager:
         """Block until every pending save is committed; raise its error if it failed."""
         self._wait_pending()
 
+    def wait_mirror(self, timeout: float | None = None) -> bool:
+        """Block until every committed step is copied to the mirror (or failed to be, for now);
+        True when none is left to copy. Failures are reported as MirrorWarning."""
+        self._wait_pending()
+        if self._mirror is None:
+            return True
+        done = self._mirror.wait(timeout)
+        self._mirror.report()
+        if self._store is not None and not self._closed:
+            self._apply_retention(self._store, None)  # steps just mirrored may go locally now
+        return done
+
     @property
     def stats(self) -> list[SaveStats]:
         """Costs of the saves this manager committed, oldest first."""
@@ -272,14 +302,20 @@ class CheckpointManager:
             raise
         self._planner.committed()
         self._bases[step] = frozenset(e.base for e in entries if e.base is not None)
+        if self._mirror is not None:
+            self._mirror.add(step)
         persisted = time.perf_counter() - begin  # durable and committed; retention comes after
         self._apply_retention(store, step)
         return SaveStats(step, stall, persisted, manifest.raw_nbytes, manifest.stored_nbytes)
 
-    def _apply_retention(self, store: Store, saved: int) -> list[int]:
+    def _apply_retention(self, store: Store, saved: int | None) -> list[int]:
         """Delete what the retention policy drops, except steps a kept step's delta chain needs and
-        the step just ``saved`` (even when it is older than others, e.g. after a rewind)."""
-        doomed = doomed_steps(store, self.keep_last, self.keep_every, self._bases, keep=[saved])
+        the step just ``saved`` (even when it is older than others, e.g. after a rewind), and steps
+        not yet copied to the mirror."""
+        keep = {saved} if saved is not None else set()
+        if self._mirror is not None:
+            keep |= self._mirror.unmirrored()
+        doomed = doomed_steps(store, self.keep_last, self.keep_every, self._bases, keep=keep)
         self._delete(store, doomed)
         return doomed
 
@@ -351,23 +387,35 @@ class CheckpointManager:
         if self._lock is not None:
             self._lock.check()
 
+    def _open(self, location: str, create: bool = False) -> Store:
+        options = self._storage_options if is_url(location) else None
+        return open_store(location, storage_options=options, create=create)
+
     @contextlib.contextmanager
-    def _reading(self) -> Iterator[Store]:
-        """The store to read: a writer's own, or (readers) the location opened afresh, so a reader
-        follows a directory that is replaced."""
-        if self._store is not None and not self._closed:
-            yield self._store
-            return
-        store = open_store(self.directory, storage_options=self._storage_options)
-        try:
-            yield store
-        finally:
-            store.close()
+    def _reading(self) -> Iterator[list[Store]]:
+        """The stores to read, local tier first: a writer's own, or (readers) the locations opened
+        afresh, so a reader follows a directory that is replaced. A local directory that does not
+        exist (yet) counts as empty when there is a mirror."""
+        with contextlib.ExitStack() as stack:
+            stores: list[Store] = []
+            if self._store is not None and not self._closed:
+                stores.append(self._store)
+            else:
+                try:
+                    stores.append(stack.enter_context(contextlib.closing(self._open(self.directory))))
+                except NoCheckpointError:
+                    if self.mirror is None:
+                        raise
+            if self._mirror is not None and not self._closed:
+                stores.append(self._mirror.remote)
+            elif self.mirror is not None:
+                stores.append(stack.enter_context(contextlib.closing(self._open(self.mirror))))
+            yield stores
 
     def steps(self) -> list[int]:
-        """Committed steps, ascending."""
-        with self._reading() as store:
-            return store.steps()
+        """Committed steps, ascending (of either tier, with a mirror)."""
+        with self._reading() as stores:
+            return sorted({step for steps in listed_steps(stores) for step in steps})
 
     def latest_step(self) -> int | None:
         """The newest committed step, or None."""
@@ -376,13 +424,13 @@ class CheckpointManager:
 
     def manifest(self, step: int | None = None) -> Manifest:
         """The validated manifest of ``step`` (default: the newest)."""
-        with self._reading() as store:
+        with self._reading() as stores:
             if step is None:
-                steps = store.steps()
+                steps = sorted({s for listed in listed_steps(stores) for s in listed})
                 if not steps:
                     raise NoCheckpointError(f"no committed checkpoint in {self.directory}")
                 step = steps[-1]
-            return read_manifest(store, step)
+            return read_manifest(_holding(stores, step), step)
 
     def load(self, step: int | None = None, *, numpy: bool = False) -> dict[str, Any]:
         """The state as saved: tensors, arrays and python values, checksums verified.
@@ -419,11 +467,11 @@ class CheckpointManager:
         """The step asked for, or the newest intact one (None if there is no step at all)."""
         if not self.read_only and not self._closed:
             self._wait_pending()
-        with self._reading() as store:
+        with self._reading() as stores:
             try:
                 if step is not None:
-                    return step, read_state(store, step, numpy)
-                return newest_intact(store, numpy, stacklevel=4)
+                    return step, read_state(_holding(stores, step), step, numpy)
+                return newest_intact(stores, numpy, stacklevel=4)
             except CorruptCheckpointError:
                 self._planner.reset()  # never append deltas to a chain that may hold damage
                 raise
@@ -454,6 +502,12 @@ class CheckpointManager:
             self._closed = True
             if self._executor is not None:
                 self._executor.shutdown(wait=True)
+            if self._mirror is not None:
+                self._mirror.close()  # the last steps reach the mirror before the job ends
+                self._mirror.report()
+                if self._store is not None:
+                    with contextlib.suppress(CrashsafeError):
+                        self._apply_retention(self._store, None)  # what is mirrored may go locally
             if self._pool is not None:
                 self._pool.clear()
             if self._lock is not None:
@@ -478,6 +532,11 @@ class CheckpointManager:
 
     def __repr__(self) -> str:
         return f"CheckpointManager({str(self.directory)!r}, steps={self.steps()})"
+
+
+def _holding(stores: list[Store], step: int) -> Store:
+    """The first store (local tier first) that holds ``step``; the first one if none does."""
+    return next((store for store in stores if step in store.steps()), stores[0])
 
 
 def _clean_metrics(metrics: Mapping[str, Any] | None) -> dict[str, Any]:

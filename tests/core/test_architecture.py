@@ -21,7 +21,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("crashsafe.format",),
     ("crashsafe.state", "crashsafe.storage"),
     ("crashsafe.encoding", "crashsafe.chain"),
-    ("crashsafe.verification", "crashsafe.export", "crashsafe.loading", "crashsafe.shelf"),
+    ("crashsafe.verification", "crashsafe.export", "crashsafe.loading", "crashsafe.mirroring", "crashsafe.shelf"),
     ("crashsafe.manager",),
     ("crashsafe.workloads", "crashsafe.ps", "crashsafe.integrations", "crashsafe.distributed"),
     ("crashsafe.sim",),

@@ -1,0 +1,163 @@
+"""The second tier: every step committed locally is copied to a mirror (an object store) in the
+background, verified after upload, and pruned there by its own retention.
+
+Training never waits for the mirror: a step is handed over once it is committed locally, and a
+background thread uploads steps oldest first, so a delta's base always reaches the mirror before
+the delta. Until a step is mirrored, local retention keeps it (and its bases). A failed upload is
+reported as a :class:`MirrorWarning` at the next save and retried then; nothing local is at risk.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+
+from crashsafe.chain import doomed_steps, protected_steps
+from crashsafe.errors import CrashsafeError, MirrorWarning, NoCheckpointError
+from crashsafe.format.manifest import Manifest, PayloadEntry
+from crashsafe.storage.base import Lock, Store
+from crashsafe.storage.reader import StepReader
+from crashsafe.storage.writer import StepWriter, delete_steps
+
+__all__ = ["Mirror", "copy_step"]
+
+
+def copy_step(source: Store, target: Store, step: int) -> None:
+    """Copy one committed step: every payload read and checksummed from ``source``, written to
+    ``target`` (packed the target's way), committed there, then read back and checksummed."""
+    with StepReader(source, step) as reader:
+        writer = StepWriter(target, step)
+        try:
+            entries = []
+            for entry in reader.manifest.payloads:
+                file, offset, nbytes, digest = writer.write_payload(reader.read_stored(entry).data)
+                assert digest == entry.xxh3 and nbytes == entry.nbytes
+                entries.append(_moved(entry, file, offset))
+            m = reader.manifest
+            copy = Manifest(m.step, m.created, m.tree, tuple(entries), writer.files(), m.metrics, m.info)
+            writer.commit(copy)
+        except BaseException:
+            writer.abort()
+            raise
+    with StepReader(target, step) as uploaded:
+        for entry in uploaded.manifest.payloads:
+            uploaded.check_stored(entry)
+
+
+def _moved(entry: PayloadEntry, file: str, offset: int) -> PayloadEntry:
+    return PayloadEntry(
+        entry.path,
+        entry.kind,
+        entry.dtype,
+        entry.shape,
+        file,
+        offset,
+        entry.nbytes,
+        entry.xxh3,
+        entry.codec,
+        entry.base,
+    )
+
+
+class Mirror:
+    """Copies steps from ``local`` to ``remote`` in a background thread; owns ``remote``'s lock."""
+
+    def __init__(self, local: Store, remote: Store, keep_last: int | None, keep_every: int | None) -> None:
+        self.local, self.remote = local, remote
+        self.keep_last, self.keep_every = keep_last, keep_every
+        self._lock: Lock = remote.lock()
+        remote.remove_leftovers(remote.leftovers())
+        self._bases: dict[int, frozenset[int]] = {}
+        self._pending = set(local.steps()) - set(remote.steps())  # a previous run's unmirrored steps
+        self._errors: list[str] = []
+        self._failed_round: set[int] = set()  # failed since the last save; retried at the next
+        self._busy = False
+        self._closing = False
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="crashsafe-mirror", daemon=True)
+        self._thread.start()
+
+    def add(self, step: int) -> None:
+        """Hand over a step just committed locally."""
+        with self._cond:
+            self._pending.add(step)
+            self._cond.notify_all()
+
+    def unmirrored(self) -> frozenset[int]:
+        """Local steps that must stay until mirrored: the pending ones and every base they need."""
+        with self._cond:
+            pending = frozenset(self._pending)
+        return pending | protected_steps(self.local, pending)
+
+    def report(self) -> None:
+        """Warn (in the caller's thread) about uploads that failed since the last report."""
+        with self._cond:
+            errors, self._errors = self._errors, []
+        for error in errors:
+            warnings.warn(f"{error}; the step stays local and is retried", MirrorWarning, stacklevel=3)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until every pending step is mirrored (or failed this round); True if none is left."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while (self._pending - self._failed_round) or self._busy:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    break
+                self._cond.wait(left)
+            return not self._pending
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._pending - self._failed_round) and not self._closing:
+                    self._cond.wait()
+                todo = sorted(self._pending - self._failed_round)
+                if not todo:
+                    return
+                self._busy = True
+            for step in todo:  # oldest first: bases before their deltas
+                self._mirror(step)
+            self._prune()
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
+
+    def _mirror(self, step: int) -> None:
+        try:
+            if step not in self.remote.steps():
+                copy_step(self.local, self.remote, step)
+        except NoCheckpointError:
+            pass  # gone locally (deleted by the user): nothing to mirror
+        except (CrashsafeError, OSError) as exc:
+            with self._cond:
+                self._errors.append(f"mirroring step {step} to {self.remote.location} failed: {exc}")
+                self._failed_round.add(step)
+            return
+        with self._cond:
+            self._pending.discard(step)
+
+    def _prune(self) -> None:
+        try:
+            delete_steps(self.remote, doomed_steps(self.remote, self.keep_last, self.keep_every, self._bases))
+        except (CrashsafeError, OSError) as exc:
+            with self._cond:
+                self._errors.append(f"applying retention in {self.remote.location} failed: {exc}")
+
+    def retry(self) -> None:
+        """Try failed steps again (called at each save)."""
+        with self._cond:
+            if self._failed_round:
+                self._failed_round = set()
+                self._cond.notify_all()
+
+    def close(self, timeout: float | None = None) -> None:
+        """Finish the pending uploads (so a finished job's last step is in the mirror), then stop."""
+        self.wait(timeout)
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._thread.join()
+        self._lock.release()
+        self.remote.close()
