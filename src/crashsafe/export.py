@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -22,6 +23,7 @@ def export_safetensors(
     step: int | None = None,
     prefix: str = "",
     progress: Callable[[int, int], None] | None = None,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> tuple[int, int, int]:
     """Write the arrays of ``step`` (default newest) to ``output``; return (step, count, bytes).
 
@@ -29,7 +31,7 @@ def export_safetensors(
     """
     from safetensors.numpy import save_file
 
-    store = open_store(directory)
+    store = open_store(directory, storage_options=storage_options)
     try:
         if step is None:
             steps = store.steps()

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.progress import BarColumn, Progress, TextColumn
@@ -11,61 +12,94 @@ from rich.table import Table
 
 from crashsafe.cli._common import age, command_group, console, err, fail, human_bytes, progress_bar
 from crashsafe.errors import CrashsafeError
-from crashsafe.storage.layout import committed_steps
-from crashsafe.storage.localdir import LocalDir
-from crashsafe.verification import VerifyReport, verify
+from crashsafe.storage.stores import is_url, open_store
+from crashsafe.verification import StepReport, VerifyReport, verify
 
 app = command_group("crashsafe", "Crash-consistent, verified checkpoints for ML training.")
 
-Dir = Annotated[Path, typer.Argument(help="checkpoint directory")]
+Dir = Annotated[str, typer.Argument(help="checkpoint directory, or an fsspec URL such as s3://bucket/run")]
 StepOpt = Annotated[int | None, typer.Option("--step", "-s", help="step (default: newest intact)")]
+OptionsOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--storage-options",
+        help='JSON for fsspec, for URLs (e.g. \'{"client_kwargs": {"endpoint_url": "http://..."}}\'); '
+        "credentials also come from the usual environment variables",
+    ),
+]
+MirrorOpt = Annotated[str | None, typer.Option("--mirror", help="the second tier (URL) to list beside DIR")]
 
 
-def _steps(directory: Path) -> list[int]:
+def _options(location: str, text: str | None) -> dict[str, Any] | None:
+    if text is None or not is_url(location):
+        return None
     try:
-        with LocalDir.open(directory) as root:
-            return committed_steps(root)
-    except OSError:
-        raise fail(f"{directory} is not a directory") from None
+        options = json.loads(text)
+    except ValueError as exc:
+        raise fail(f"--storage-options is not valid JSON: {exc}") from None
+    if not isinstance(options, dict):
+        raise fail("--storage-options must be a JSON object")
+    return options
 
 
-def _verify_with_progress(directory: Path) -> VerifyReport:
-    steps = _steps(directory)
-    with progress_bar("verifying", "{task.completed}/{task.total} steps") as progress:
+def _steps(location: str, options: dict[str, Any] | None) -> list[int]:
+    try:
+        store = open_store(location, storage_options=options)
+        try:
+            return store.steps()
+        finally:
+            store.close()
+    except CrashsafeError as exc:
+        raise fail(str(exc)) from None
+
+
+def _verify_with_progress(location: str, options: dict[str, Any] | None) -> VerifyReport:
+    steps = _steps(location, options)
+    with progress_bar(f"verifying {location}", "{task.completed}/{task.total} steps") as progress:
         task = progress.add_task("verify", total=len(steps))
-        return verify(directory, progress=lambda _: progress.advance(task), steps=steps)
+        return verify(
+            location, progress=lambda _: progress.advance(task), steps=steps, storage_options=options
+        )
 
 
 @app.command("ls")
-def ls_cmd(directory: Dir) -> None:
-    """List committed steps with size, age and integrity status."""
-    if not _steps(directory):
-        console.print(f"no committed checkpoints in {directory}")
+def ls_cmd(directory: Dir, mirror: MirrorOpt = None, storage_options: OptionsOpt = None) -> None:
+    """List committed steps with size, age and integrity status (of both tiers, with --mirror)."""
+    tiers = {"local": directory} if mirror is None else {"local": directory, "mirror": mirror}
+    reports: dict[int, dict[str, StepReport]] = {}
+    for tier, location in tiers.items():
+        for r in _verify_with_progress(location, _options(location, storage_options)).steps:
+            reports.setdefault(r.step, {})[tier] = r
+    if not reports:
+        console.print(f"no committed checkpoints in {' or '.join(tiers.values())}")
         return
-    table = Table(title=str(directory))
-    for col in ("step", "stored", "raw", "ratio", "age", "status"):
-        table.add_column(col, justify="right" if col != "status" else "left")
-    for r in _verify_with_progress(directory).steps:
+    table = Table(title=" + ".join(tiers.values()))
+    columns = ("step", "tier") if mirror is not None else ("step",)
+    for col in (*columns, "stored", "raw", "ratio", "age", "status"):
+        table.add_column(col, justify="left" if col in ("tier", "status") else "right")
+    for step in sorted(reports):
+        by_tier = reports[step]
+        r = next((r for r in by_tier.values() if r.ok), next(iter(by_tier.values())))
         ratio = f"{r.raw_bytes / r.stored_bytes:.2f}x" if r.ok and r.stored_bytes else "-"
-        status = "[green]ok[/]" if r.ok else f"[red]damaged[/]: {r.problem}"
-        table.add_row(
-            str(r.step),
-            human_bytes(r.stored_bytes),
-            human_bytes(r.raw_bytes) if r.ok else "-",
-            ratio,
-            age(r.created),
-            status,
+        status = "; ".join(
+            ("[green]ok[/]" if t.ok else f"[red]damaged[/]: {t.problem}") + (f" ({tier})" if mirror else "")
+            for tier, t in by_tier.items()
         )
+        cells = [str(step), "+".join(by_tier)] if mirror is not None else [str(step)]
+        raw = human_bytes(r.raw_bytes) if r.ok else "-"
+        table.add_row(*cells, human_bytes(r.stored_bytes), raw, ratio, age(r.created), status)
     console.print(table)
 
 
 @app.command("show")
-def show_cmd(directory: Dir, step: StepOpt = None) -> None:
+def show_cmd(directory: Dir, step: StepOpt = None, storage_options: OptionsOpt = None) -> None:
     """Show the tensors of a step: path, dtype, shape, codec (and delta base), bytes, ratio."""
     from crashsafe.manager import CheckpointManager
 
     try:
-        mgr = CheckpointManager(directory, read_only=True)
+        mgr = CheckpointManager(
+            directory, read_only=True, storage_options=_options(directory, storage_options)
+        )
         manifest = mgr.manifest(step)
     except CrashsafeError as exc:
         raise fail(str(exc)) from None
@@ -95,10 +129,10 @@ def show_cmd(directory: Dir, step: StepOpt = None) -> None:
 
 
 @app.command("verify")
-def verify_cmd(directory: Dir) -> None:
+def verify_cmd(directory: Dir, storage_options: OptionsOpt = None) -> None:
     """Check every committed step as a load reads it (checksums, decoding, delta chains); exit 1 if
     any step is damaged."""
-    report = _verify_with_progress(directory)
+    report = _verify_with_progress(directory, _options(directory, storage_options))
     reports = report.steps
     for r in reports:
         if r.ok:
@@ -125,6 +159,7 @@ def export_cmd(
     output: Annotated[Path, typer.Option("--output", "-o", help="the .safetensors file to write")],
     step: StepOpt = None,
     prefix: Annotated[str, typer.Option(help="only tensors whose path starts with this")] = "",
+    storage_options: OptionsOpt = None,
 ) -> None:
     """Export a step's tensors to a safetensors file (verified on the way)."""
     from crashsafe.export import export_safetensors
@@ -143,7 +178,12 @@ def export_cmd(
                 progress.update(task, completed=done, total=total)
 
             found, count, nbytes = export_safetensors(
-                directory, output, step=step, prefix=prefix, progress=tick
+                directory,
+                output,
+                step=step,
+                prefix=prefix,
+                progress=tick,
+                storage_options=_options(directory, storage_options),
             )
     except CrashsafeError as exc:
         raise fail(str(exc)) from None
@@ -156,18 +196,20 @@ def gc_cmd(
     keep_last: Annotated[int, typer.Option("--keep-last", min=1, help="steps to keep")] = 3,
     keep_every: Annotated[int | None, typer.Option(help="also keep multiples of this")] = None,
     delete_damaged: Annotated[bool, typer.Option(help="also delete damaged steps")] = False,
+    storage_options: OptionsOpt = None,
 ) -> None:
     """Delete old steps (and torn leftovers) crash-safely, keeping the newest N."""
     from crashsafe.manager import CheckpointManager
-    from crashsafe.storage.layout import leftovers
 
-    if not directory.is_dir():
+    options = _options(directory, storage_options)
+    if not is_url(directory) and not Path(directory).is_dir():
         raise fail(f"{directory} is not a directory")
-    with LocalDir.open(directory) as root:
-        torn = leftovers(root)
     try:  # opening as the writer removes torn leftovers; gc keeps every delta base a kept step needs
+        store = open_store(directory, storage_options=options)
+        torn = store.leftovers()
+        store.close()
         with CheckpointManager(
-            directory, keep_last=keep_last, keep_every=keep_every, async_save=False
+            directory, keep_last=keep_last, keep_every=keep_every, async_save=False, storage_options=options
         ) as mgr:
             deleted = mgr.gc(delete_damaged=delete_damaged)
             kept = mgr.steps()

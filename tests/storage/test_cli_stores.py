@@ -1,0 +1,53 @@
+"""The command line on object-store URLs and on two tiers (moto on 127.0.0.1)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from typer.testing import CliRunner
+
+import crashsafe as cs
+from crashsafe.cli.app import app
+
+runner = CliRunner()
+
+
+def _run(tmp_path: Path, url: str, options: dict[str, Any]) -> None:
+    with cs.CheckpointManager(
+        tmp_path / "local", keep_last=1, mirror=url, storage_options=options, mirror_keep_last=3
+    ) as mgr:
+        for step in range(1, 5):
+            mgr.save(step, {"w": np.full(100, float(step)), "step": step})
+
+
+def test_ls_shows_both_tiers(tmp_path: Path, bucket: str, options: dict[str, Any]) -> None:
+    url = f"s3://{bucket}/run"
+    _run(tmp_path, url, options)
+    result = runner.invoke(
+        app, ["ls", str(tmp_path / "local"), "--mirror", url, "--storage-options", json.dumps(options)]
+    )
+    assert result.exit_code == 0, result.output
+    rows = {line.split("│")[1].strip(): line for line in result.output.splitlines() if line.count("│") > 3}
+    assert set(rows) - {"step"} == {"2", "3", "4"}
+    assert "local+mirror" in rows["4"] and "mirror" in rows["3"] and "local" not in rows["3"]
+
+
+def test_verify_gc_show_and_export_take_urls(tmp_path: Path, bucket: str, options: dict[str, Any]) -> None:
+    url = f"s3://{bucket}/run"
+    _run(tmp_path, url, options)
+    opts = ["--storage-options", json.dumps(options)]
+    verified = runner.invoke(app, ["verify", url, *opts])
+    assert verified.exit_code == 0 and "all 3 steps intact" in verified.output, verified.output
+    shown = runner.invoke(app, ["show", url, "--step", "3", *opts])
+    assert shown.exit_code == 0 and "float64" in shown.output, shown.output
+    out = tmp_path / "w.safetensors"
+    exported = runner.invoke(app, ["export", url, "-o", str(out), *opts])
+    assert exported.exit_code == 0 and out.exists(), exported.output
+    collected = runner.invoke(app, ["gc", url, "--keep-last", "1", *opts])
+    assert collected.exit_code == 0 and "kept [4]" in collected.output, collected.output
+    assert cs.CheckpointManager(url, storage_options=options, read_only=True).steps() == [4]
+    bad = runner.invoke(app, ["verify", url, "--storage-options", "{not json"])
+    assert bad.exit_code == 2 and "not valid JSON" in bad.output
