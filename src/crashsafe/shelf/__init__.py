@@ -9,7 +9,8 @@ from crashsafe.shelf.errors import (
     ShelfRecoveredWarning,
 )
 from crashsafe.shelf.loop import Loop
-from crashsafe.shelf.shelf import RecoveryInfo, Shelf, Transaction, VarInfo
+from crashsafe.shelf.recovery import RecoveryInfo
+from crashsafe.shelf.shelf import Shelf, Transaction, VarInfo
 
 __all__ = [
     "CorruptShelfError",

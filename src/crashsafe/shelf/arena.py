@@ -22,7 +22,6 @@ import errno
 import fcntl
 import mmap
 import os
-import re
 import weakref
 from pathlib import Path
 from typing import Literal
@@ -31,30 +30,12 @@ from crashsafe.errors import LockedError
 from crashsafe.shelf.errors import NotAShelfError, ShelfError, ShelfFullError
 from crashsafe.shelf.layout import PAGE, Superblock
 
-__all__ = ["Arena", "Durability", "mount_of", "parse_size"]
+__all__ = ["Arena", "Durability", "mount_of"]
 
 Durability = Literal["auto", "process", "power"]
 _MAP_SHARED_VALIDATE = 0x03
 _MAP_SYNC = 0x80000
 _RAM_FILESYSTEMS = ("tmpfs", "ramfs")
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2,
-          "mib": 1024**2, "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4, "tb": 1000**4,
-          "tib": 1024**4}
-
-
-def parse_size(size: int | str) -> int:
-    """``"1GiB"`` -> 1073741824; ints pass through. Raises ValueError naming the accepted forms."""
-    if isinstance(size, int) and not isinstance(size, bool):
-        value = size
-    else:
-        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(size))
-        unit = match.group(2).lower() if match else ""
-        if match is None or unit not in _UNITS:
-            raise ValueError(f"size {size!r} is not a size; use bytes or e.g. '512MiB', '1GiB', '2GB'")
-        value = int(float(match.group(1)) * _UNITS[unit])
-    if value <= 0:
-        raise ValueError(f"size must be positive, got {size!r}")
-    return value
 
 
 def mount_of(path: Path) -> tuple[str, str]:

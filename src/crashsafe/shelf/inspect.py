@@ -18,7 +18,7 @@ from crashsafe.shelf import recovery
 from crashsafe.shelf.alloc import reserved
 from crashsafe.shelf.errors import NotAShelfError, ShelfError
 from crashsafe.shelf.layout import PAGE, Superblock
-from crashsafe.shelf.loop import interrupted, read_committed
+from crashsafe.shelf.loop_record import interrupted, read_committed
 
 __all__ = ["ShelfReport", "VarReport", "inspect_shelf"]
 

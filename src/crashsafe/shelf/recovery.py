@@ -18,7 +18,16 @@ from crashsafe.shelf.errors import CorruptShelfError
 from crashsafe.shelf.layout import RECORD_BYTES, Record, Superblock
 from crashsafe.shelf.meta import Meta
 
-__all__ = ["Incomplete", "restore", "scan"]
+__all__ = ["Incomplete", "RecoveryInfo", "restore", "scan"]
+
+
+@dataclass(frozen=True)
+class RecoveryInfo:
+    """What opening the shelf rolled back: the transaction number and the variables restored."""
+
+    seq: int
+    started: float
+    restored: tuple[str, ...]
 
 
 @dataclass(frozen=True)
