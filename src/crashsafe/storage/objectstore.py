@@ -43,7 +43,7 @@ PART_BYTES = 16 << 20  # S3 multipart part size for large payloads
 PARTS_IN_FLIGHT = 4  # parts of one large payload uploaded at once
 UPLOADS = 4  # shards in flight at once
 # fsspec protocols whose "create" write is atomic create-if-absent
-_ATOMIC_CREATE = frozenset({"s3", "s3a", "file", "local", "memory", "gs", "gcs"})
+_ATOMIC_CREATE = frozenset({"s3", "s3a", "file", "local", "memory"})
 
 
 class FsspecStore(Store):
@@ -55,7 +55,7 @@ class FsspecStore(Store):
         storage_options: Mapping[str, Any],
         *,
         create: bool = False,
-        lease_seconds: float = 60.0,
+        lease_seconds: float = 30.0,
     ) -> None:
         try:
             self.fs, path = fsspec.core.url_to_fs(url, **storage_options)
