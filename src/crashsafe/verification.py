@@ -31,6 +31,7 @@ class StepReport:
     stored_bytes: int = 0
     created: float | None = None
     bases: frozenset[int] = frozenset()  # earlier steps its delta payloads need
+    metrics: dict[str, Any] = field(default_factory=dict)  # what the step was saved with
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,8 @@ def _verify_step(chains: ChainReader, step: int) -> StepReport | None:
         for _ in chains.payloads(step, verify_only=True):
             pass
         m = chains.manifest(step)
-        return StepReport(step, True, None, m.raw_nbytes, m.stored_nbytes, m.created, direct_bases(m))
+        bases = direct_bases(m)
+        return StepReport(step, True, None, m.raw_nbytes, m.stored_nbytes, m.created, bases, m.metrics)
     except CorruptCheckpointError as exc:
         return StepReport(step, False, str(exc), stored_bytes=chains.store.stored_bytes(step))
     except NoCheckpointError:

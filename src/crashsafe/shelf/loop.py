@@ -31,10 +31,10 @@ import numpy as np
 import crashsafe._faults as faults
 from crashsafe.shelf.errors import ShelfError
 from crashsafe.shelf.layout import LOOP_BEGUN, LOOP_BEGUN_MAGIC, LoopLayout
-from crashsafe.shelf.loop_record import CHECKSUM, XXH3, LoopRecord, is_loop_scalar, record_fields
+from crashsafe.shelf.loop_record import CHECKSUM, XXH3, LoopRecord, record_fields
 from crashsafe.shelf.meta import Entry, Meta
 
-__all__ = ["Loop", "LoopHost", "is_loop_scalar"]  # (is_loop_scalar: which scalars a loop can hold)
+__all__ = ["Loop", "LoopHost"]
 
 _Array = np.ndarray[Any, Any]
 _ARMED = faults.SHELF_ARMED

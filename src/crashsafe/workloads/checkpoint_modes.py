@@ -104,7 +104,7 @@ class ShelfStore:
         return state
 
     def _start_loop(self, state: Mapping[str, Any]) -> None:
-        from crashsafe.shelf.loop import is_loop_scalar
+        from crashsafe.shelf.loop_record import is_loop_scalar
 
         loopable = all(isinstance(v, np.ndarray) or is_loop_scalar(v) for v in state.values())
         self.loop = self.shelf.loop(list(state)) if self.tx_mode == "shadow" and loopable else None
