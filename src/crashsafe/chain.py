@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, MutableMapping
-from types import TracebackType
 from typing import Any, TypeVar
 
 import numpy as np
 
+from crashsafe._closing import Closing
 from crashsafe.codecs.base import Codec, DeltaCodec, Reference
 from crashsafe.codecs.registry import get_codec
 from crashsafe.errors import CodecError, CorruptCheckpointError, NoCheckpointError
@@ -90,7 +90,7 @@ def read_step(store: Store, step: int) -> tuple[Manifest, list[np.ndarray[Any, A
         return chains.manifest(step), arrays
 
 
-class ChainReader:
+class ChainReader(Closing):
     """Decodes the payloads of committed steps of one directory, following delta chains.
 
     Step readers stay open while it lives (a chain revisits its steps once per payload). With
@@ -207,14 +207,6 @@ class ChainReader:
         for reader in self._readers.values():
             reader.close()
         self._readers.clear()
-
-    def __enter__(self) -> ChainReader:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
 
 def _layout(entry: PayloadEntry) -> tuple[np.dtype[Any], tuple[int, ...]]:

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 import crashsafe._faults as faults
+from crashsafe._closing import Closing
 from crashsafe._units import parse_size
 from crashsafe.shelf.arena import Arena, Durability
 from crashsafe.shelf.blocks import Blocks
@@ -87,8 +88,10 @@ class Transaction:
     ) -> None:
         if self._shelf._tx is not self._tx:
             if exc is None:
-                raise ShelfError("the shelf was closed inside this transaction, which was rolled back; "
-                                 "nothing was committed")
+                raise ShelfError(
+                    "the shelf was closed inside this transaction, which was rolled back; "
+                    "nothing was committed"
+                )
             return
         if exc is None:
             self._shelf._commit()
@@ -96,7 +99,7 @@ class Transaction:
             self._shelf._abort(f"{type(exc).__name__}: {exc}")
 
 
-class Shelf(MutableMapping[str, Any]):
+class Shelf(Closing, MutableMapping[str, Any]):
     """A crash-consistent, memory-mapped store of named variables.
 
     Args:
@@ -137,8 +140,9 @@ class Shelf(MutableMapping[str, Any]):
         wanted = parse_size(size) if size is not None else None
         if not self.path.exists():
             if wanted is None:
-                raise ShelfError(f"the shelf {self.path} does not exist; pass size= (e.g. '1GiB') to "
-                                 "create it")
+                raise ShelfError(
+                    f"the shelf {self.path} does not exist; pass size= (e.g. '1GiB') to create it"
+                )
             create(self.path, wanted)
         self._arena = Arena.open(self.path, durability)
         self._blocks = Blocks(self._arena, self.path)
@@ -173,8 +177,11 @@ class Shelf(MutableMapping[str, Any]):
         self._check_open()
         if self._tx is not None:
             raise ShelfError("verify() checks committed data; call it outside a transaction")
-        bad = [name for name, e in self._state.meta.vars.items()
-               if e.has_block and self._blocks.digest(e.offset, e.nbytes) != e.digest]
+        bad = [
+            name
+            for name, e in self._state.meta.vars.items()
+            if e.has_block and self._blocks.digest(e.offset, e.nbytes) != e.digest
+        ]
         if bad:
             raise CorruptShelfError(
                 f"{self.path}: {len(bad)} variable(s) do not match their committed checksums: "
@@ -345,11 +352,15 @@ class Shelf(MutableMapping[str, Any]):
     def _begin(self, scope: frozenset[str] | None) -> Tx:
         self._check_open()
         if self._tx is not None:
-            raise ShelfError("a transaction is already open on this shelf; transactions do not nest: "
-                             "do the work inside the open one")
+            raise ShelfError(
+                "a transaction is already open on this shelf; transactions do not nest: "
+                "do the work inside the open one"
+            )
         if self._state.loop is not None and self._state.loop.in_iteration:
-            raise ShelfError("a loop iteration is in progress on this shelf: commit() or abort() it "
-                             "before starting a transaction")
+            raise ShelfError(
+                "a loop iteration is in progress on this shelf: commit() or abort() it "
+                "before starting a transaction"
+            )
         if self._blocks.pinned:
             self._blocks.sweep_pins()
         meta = self._state.meta
@@ -472,8 +483,10 @@ class Shelf(MutableMapping[str, Any]):
         """Why the shelf cannot be used (it is closed, or a rollback failed)."""
         if self._arena.closed:
             return f"the shelf {self.path} is closed; open it again with Shelf(path)"
-        return (f"the shelf {self.path} is unusable: {self._broken}. Close it and open it again: opening "
-                "recovers the last committed state")
+        return (
+            f"the shelf {self.path} is unusable: {self._broken}. Close it and open it again: opening "
+            "recovers the last committed state"
+        )
 
     def close(self) -> None:
         """Close the shelf (an open transaction or loop iteration is rolled back). Views stay
@@ -487,14 +500,6 @@ class Shelf(MutableMapping[str, Any]):
             self._state.loop = None
         self._blocks.unmap()
         self._arena.close()
-
-    def __enter__(self) -> Shelf:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         state = "closed" if self._arena.closed else f"{len(self._tx_vars())} variables, seq {self.seq}"

@@ -12,8 +12,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from types import TracebackType
 
+from crashsafe._closing import Closing
 from crashsafe.codecs.base import BytesLike
 
 __all__ = ["Capabilities", "Draft", "Lock", "Store", "StoredFile", "StoredStep"]
@@ -51,7 +51,7 @@ class StoredFile(ABC):
         return None  # nothing to do, unless a subclass says otherwise
 
 
-class StoredStep(ABC):
+class StoredStep(Closing, ABC):
     """A committed step opened for reading."""
 
     step: int
@@ -73,14 +73,6 @@ class StoredStep(ABC):
     def close(self) -> None:
         """Release what the open step held."""
         return None  # nothing to do, unless a subclass says otherwise
-
-    def __enter__(self) -> StoredStep:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
 
 class Draft(ABC):

@@ -153,37 +153,21 @@ class _LocalStep(StoredStep):
             self._dir = root.subdir(step_name(step))
         except FileNotFoundError:
             raise NoCheckpointError(f"step {step} is not committed in {root.path}") from None
-        except CorruptCheckpointError as exc:
-            raise CorruptCheckpointError(f"checkpoint step {step}: {exc}") from None
-        except OSError as exc:
-            raise CorruptCheckpointError(
-                f"checkpoint step {step} cannot be opened ({exc.strerror or exc})"
-            ) from None
+        except (CorruptCheckpointError, OSError) as exc:
+            raise _damage(f"checkpoint step {step}", "its directory", exc) from None
         self.where = f"checkpoint step {step} ({self._dir.path})"
 
     def manifest_bytes(self, limit: int) -> bytes:
         try:
             return self._dir.read_file(MANIFEST_NAME, limit)
-        except FileNotFoundError:
-            raise CorruptCheckpointError(f"{self.where}: manifest.json is missing") from None
-        except CorruptCheckpointError as exc:
-            raise CorruptCheckpointError(f"{self.where}: {exc}") from None
-        except OSError as exc:
-            raise CorruptCheckpointError(
-                f"{self.where}: manifest.json cannot be read ({exc.strerror or exc})"
-            ) from None
+        except (CorruptCheckpointError, OSError) as exc:
+            raise _damage(self.where, MANIFEST_NAME, exc) from None
 
     def open_file(self, name: str) -> StoredFile:
         try:
             return _LocalFile(self._dir.open_file(name), self.where, name)
-        except FileNotFoundError:
-            raise CorruptCheckpointError(f"{self.where}: data file {name} is missing") from None
-        except CorruptCheckpointError as exc:
-            raise CorruptCheckpointError(f"{self.where}: {exc}") from None
-        except OSError as exc:
-            raise CorruptCheckpointError(
-                f"{self.where}: {name} cannot be read ({exc.strerror or exc})"
-            ) from None
+        except (CorruptCheckpointError, OSError) as exc:
+            raise _damage(self.where, f"data file {name}", exc) from None
 
     def vanished(self) -> bool:
         return self._root.entry_identity(step_name(self.step)) != self._dir.identity
@@ -286,3 +270,13 @@ class _LocalDraft(Draft):
         if isinstance(exc, OSError) and not isinstance(exc, CrashsafeError):
             return storage_error(exc, doing, self._root.is_current)
         return StorageError(f"{doing}: {exc}")
+
+
+def _damage(where: str, what: str, exc: Exception) -> CorruptCheckpointError:
+    """What opening ``what`` found wrong, as damage of the step: it cannot be read as committed."""
+    if isinstance(exc, FileNotFoundError):
+        return CorruptCheckpointError(f"{where}: {what} is missing")
+    if isinstance(exc, CorruptCheckpointError):
+        return CorruptCheckpointError(f"{where}: {exc}")
+    strerror = exc.strerror if isinstance(exc, OSError) else None
+    return CorruptCheckpointError(f"{where}: {what} cannot be read ({strerror or exc})")

@@ -19,8 +19,8 @@ import shutil
 import stat
 from collections.abc import Callable
 from pathlib import Path
-from types import TracebackType
 
+from crashsafe._closing import Closing
 from crashsafe.errors import CorruptCheckpointError
 
 __all__ = ["LocalDir", "UnsafeEntryError"]
@@ -33,7 +33,7 @@ class UnsafeEntryError(CorruptCheckpointError):
     """An entry is a link, FIFO, device or socket, or a file where a directory belongs (or back)."""
 
 
-class LocalDir:
+class LocalDir(Closing):
     """An open directory. Children are opened relative to it; links are never followed."""
 
     def __init__(self, path: Path, fd: int) -> None:
@@ -60,16 +60,7 @@ class LocalDir:
 
     def open_file(self, name: str) -> int:
         """A read-only fd of the regular file ``name`` (the caller closes it)."""
-        try:
-            fd = os.open(name, _READ, dir_fd=self.fd)  # O_NONBLOCK: a FIFO opens at once, then is refused
-        except OSError as exc:
-            raise self._unsafe(name, exc) from None
-        try:
-            self._require_regular(name, os.fstat(fd).st_mode)
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
+        return self._open_regular(name, _READ)  # O_NONBLOCK: a FIFO opens at once, then is refused
 
     def read_file(self, name: str, limit: int) -> bytes:
         """Up to ``limit`` bytes of the regular file ``name``."""
@@ -95,7 +86,10 @@ class LocalDir:
 
     def open_lock_file(self, name: str) -> int:
         """A read-write fd of the regular file ``name``, created if missing (never through a link)."""
-        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        return self._open_regular(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+
+    def _open_regular(self, name: str, flags: int) -> int:
+        """Open ``name`` with ``flags`` (which never follow a link) and check it is a regular file."""
         try:
             fd = os.open(name, flags, 0o644, dir_fd=self.fd)
         except OSError as exc:
@@ -183,14 +177,6 @@ class LocalDir:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
-
-    def __enter__(self) -> LocalDir:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
     # ------------------------------------------------------------------------- refusals
 

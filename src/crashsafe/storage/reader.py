@@ -7,12 +7,12 @@ damaged manifest, a payload that does not match its checksum) is caught here, fo
 
 from __future__ import annotations
 
-from types import TracebackType
 from typing import Any
 
 import numpy as np
 import xxhash
 
+from crashsafe._closing import Closing
 from crashsafe._memory import alloc_bytes
 from crashsafe.errors import CorruptCheckpointError, NoCheckpointError
 from crashsafe.format.manifest import MAX_MANIFEST_BYTES, Manifest, PayloadEntry, loads
@@ -47,7 +47,7 @@ def read_manifest(store: Store, step: int) -> Manifest:
             raise
 
 
-class StepReader:
+class StepReader(Closing):
     """Verified access to one committed step's stored payload bytes (a context manager)."""
 
     def __init__(self, store: Store, step: int) -> None:
@@ -117,11 +117,3 @@ class StepReader:
             file.close()
         self._files.clear()
         self._stored.close()
-
-    def __enter__(self) -> StepReader:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
