@@ -26,6 +26,7 @@ from crashsafe.format.manifest import validate_tree
 __all__ = [
     "ArrayLeaf",
     "LeafKind",
+    "Shard",
     "Stateful",
     "flatten",
     "format_path",
@@ -52,6 +53,14 @@ class Stateful(Protocol):
 
 
 @dataclass(frozen=True)
+class Shard:
+    """Where a local shard sits in its global tensor: the global shape and the shard's offsets."""
+
+    global_shape: tuple[int, ...]
+    offset: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class ArrayLeaf:
     """One array-like value of the state, still pointing at the live object."""
 
@@ -60,6 +69,7 @@ class ArrayLeaf:
     dtype: str
     shape: tuple[int, ...]
     source: Any
+    shard: Shard | None = None  # a DTensor's local part: where it sits in the global tensor
 
     @property
     def nbytes(self) -> int:
@@ -180,13 +190,16 @@ class _Walk:
         return {"t": "stateful", "class": f"{cls.__module__}.{cls.__qualname__}", "value": inner}
 
     def _tensor(self, tensor: Any, parts: Parts) -> dict[str, Any]:
+        shard = None
+        if _is_dtensor(tensor):
+            tensor, shard = _local_shard(tensor, parts)
         problem = _tensor_problem(tensor)
         if problem is not None:
             raise _refuse(parts, problem)
         name = torch_dtype_name(tensor.dtype)
         if name is None:
             raise _refuse(parts, f"tensor dtype {tensor.dtype} is not supported")
-        return self._leaf(parts, "torch", name, tuple(tensor.shape), tensor)
+        return self._leaf(parts, "torch", name, tuple(tensor.shape), tensor, shard)
 
     def _array(self, array: Any, parts: Parts, kind: LeafKind) -> dict[str, Any]:
         name = numpy_dtype_name(array.dtype)
@@ -206,7 +219,13 @@ class _Walk:
         return self._leaf(parts, kind, name, tuple(array.shape), array)
 
     def _leaf(
-        self, parts: Parts, kind: LeafKind, dtype: str, shape: tuple[int, ...], source: Any
+        self,
+        parts: Parts,
+        kind: LeafKind,
+        dtype: str,
+        shape: tuple[int, ...],
+        source: Any,
+        shard: Shard | None = None,
     ) -> dict[str, Any]:
         path = format_path(parts)
         owner = self._owners.setdefault(path, parts)
@@ -216,7 +235,7 @@ class _Walk:
                 "crashsafe names arrays by their dotted path and could not tell them apart. "
                 "Rename one of the keys"
             )
-        self.leaves.append(ArrayLeaf(path, kind, dtype, shape, source))
+        self.leaves.append(ArrayLeaf(path, kind, dtype, shape, source, shard))
         return {"t": "array", "id": len(self.leaves) - 1}
 
 
@@ -258,6 +277,26 @@ def _torch_types() -> tuple[tuple[type, ...], type, Any]:
     torch = loaded_torch()
     assert torch is not None
     return (torch.Tensor, torch.nn.Parameter), torch.nn.parameter.UninitializedTensorMixin, torch.strided
+
+
+def _is_dtensor(tensor: Any) -> bool:
+    """A DTensor (torch.distributed's sharded tensor), without importing torch.distributed."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(tensor, module.DTensor)
+
+
+def _local_shard(tensor: Any, parts: Parts) -> tuple[Any, Shard]:
+    """A DTensor's local tensor and where it sits in the global one (what a rank saves of it)."""
+    from torch.distributed.tensor import Partial
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    if any(isinstance(p, Partial) for p in tensor.placements):
+        raise _refuse(parts, "a DTensor with a Partial placement holds unreduced sums; redistribute it first")
+    local = tensor.to_local()
+    shape, offset = compute_local_shape_and_global_offset(tensor.shape, tensor.device_mesh, tensor.placements)
+    if tuple(shape) != tuple(local.shape):
+        raise _refuse(parts, f"a DTensor's local tensor {tuple(local.shape)} is not its shard {tuple(shape)}")
+    return local, Shard(tuple(tensor.shape), tuple(int(o) for o in offset))
 
 
 def _tensor_problem(tensor: Any) -> str | None:
