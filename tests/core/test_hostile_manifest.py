@@ -179,9 +179,9 @@ def _damaged_valid_manifest() -> st.SearchStrategy[bytes]:
     at = st.integers(0, len(valid) - 1)
     return st.one_of(
         at.map(lambda k: valid[:k]),
-        st.tuples(at, st.binary(min_size=1, max_size=8)).map(
-            lambda t: valid[: t[0]] + t[1] + valid[t[0] + 1 :]
-        ),
+        st.tuples(at, st.binary(min_size=1, max_size=8))
+        .map(lambda t: valid[: t[0]] + t[1] + valid[t[0] + 1 :])
+        .filter(lambda blob: blob != valid),  # writing a byte over itself is no damage
         st.tuples(at, st.sampled_from([b"{", b"[", b"9" * 5000, b"NaN", b"\xff", b"\\ud800"])).map(
             lambda t: valid[: t[0]] + t[1] + valid[t[0] :]
         ),

@@ -7,6 +7,7 @@ sizes. Nothing in it is ever executed.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -22,6 +23,7 @@ from crashsafe.errors import CodecError, CorruptCheckpointError
 from crashsafe.format.dtypes import DTYPES
 
 __all__ = [
+    "DISTRIBUTED_VERSION",
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "MANIFEST_NAME",
@@ -34,7 +36,9 @@ __all__ = [
 ]
 
 FORMAT_NAME = "crashsafe-checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 1  # what a single process writes
+DISTRIBUTED_VERSION = 2  # many ranks: per-rank trees, payloads with their writer and shard
+MAX_RANKS = 65536
 MANIFEST_NAME = "manifest.json"
 MAX_INT64 = 2**63 - 1
 MIN_INT64 = -(2**63)
@@ -69,6 +73,8 @@ class PayloadEntry:
     xxh3: str
     codec: dict[str, Any]
     base: int | None = None  # a delta codec's payload: the earlier step it is a delta against
+    rank: int | None = None  # a distributed step's payload: the rank that wrote it
+    shard: tuple[tuple[int, ...], tuple[int, ...]] | None = None  # (global shape, offset) of a shard
 
     @property
     def raw_nbytes(self) -> int:
@@ -89,6 +95,10 @@ class PayloadEntry:
         }
         if self.base is not None:
             body["base"] = self.base
+        if self.rank is not None:
+            body["rank"] = self.rank
+        if self.shard is not None:
+            body["shard"] = {"global": list(self.shard[0]), "offset": list(self.shard[1])}
         return body
 
 
@@ -103,6 +113,16 @@ class Manifest:
     files: dict[str, int]
     metrics: dict[str, Any] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
+    rank_trees: tuple[dict[str, Any], ...] = ()  # a distributed step: the trees of ranks 1, 2, ...
+
+    @property
+    def world(self) -> int:
+        """How many ranks saved the step (1 for a single process)."""
+        return 1 + len(self.rank_trees)
+
+    def tree_of(self, rank: int) -> dict[str, Any]:
+        """The state tree rank ``rank`` saved (rank 0's for a rank the step did not have)."""
+        return self.rank_trees[rank - 1] if 0 < rank < self.world else self.tree
 
     @property
     def stored_nbytes(self) -> int:
@@ -113,7 +133,8 @@ class Manifest:
         return sum(p.raw_nbytes for p in self.payloads)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        """Version 1 for a single process (readable by every crashsafe), 2 for many ranks."""
+        body: dict[str, Any] = {
             "format": FORMAT_NAME,
             "version": FORMAT_VERSION,
             "step": self.step,
@@ -122,8 +143,12 @@ class Manifest:
             "info": self.info,
             "files": self.files,
             "payloads": [p.to_json() for p in self.payloads],
-            "tree": self.tree,
         }
+        if self.rank_trees or any(p.rank is not None or p.shard is not None for p in self.payloads):
+            body.update(version=DISTRIBUTED_VERSION, trees=[self.tree, *self.rank_trees])
+        else:
+            body["tree"] = self.tree
+        return body
 
 
 def _canonical(obj: dict[str, Any]) -> bytes:
@@ -153,11 +178,11 @@ def loads(data: bytes, where: str = "manifest") -> Manifest:
     if body.get("format") != FORMAT_NAME:
         raise _bad(where, f"is not a crashsafe manifest (format={_show(body.get('format'))})")
     version = body.get("version")
-    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= FORMAT_VERSION:
+    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= DISTRIBUTED_VERSION:
         raise _bad(
             where,
-            f"has format version {_show(version)}; this crashsafe reads version "
-            f"{FORMAT_VERSION}. Upgrade crashsafe to read it",
+            f"has format version {_show(version)}; this crashsafe reads versions 1 to "
+            f"{DISTRIBUTED_VERSION}. Upgrade crashsafe to read it",
         )
     try:
         actual = xxhash.xxh3_64_hexdigest(_canonical(body))
@@ -260,11 +285,14 @@ def _int(value: object, what: str, where: str, minimum: int = 0, maximum: int = 
 
 
 _FIELDS = frozenset({"format", "version", "step", "created", "metrics", "info", "files", "payloads", "tree"})
+_FIELDS_V2 = _FIELDS - {"tree"} | {"trees"}
 
 
 def _validate(body: dict[str, Any], where: str) -> Manifest:
-    if body.keys() != _FIELDS:
-        raise _bad(where, f"has unexpected fields {_show(sorted(body.keys() ^ _FIELDS))}")
+    distributed = body["version"] == DISTRIBUTED_VERSION
+    fields = _FIELDS_V2 if distributed else _FIELDS
+    if body.keys() != fields:
+        raise _bad(where, f"has unexpected fields {_show(sorted(body.keys() ^ fields))}")
     step = _int(body["step"], "step", where)
     created = body["created"]
     if isinstance(created, bool) or not isinstance(created, (int, float)):  # the parser keeps it finite
@@ -275,11 +303,25 @@ def _validate(body: dict[str, Any], where: str) -> Manifest:
     if not isinstance(body["payloads"], list):
         raise _bad(where, "has an invalid payload table")
     codecs: set[tuple[Any, ...]] = set()
-    payloads = tuple(_payload(p, files, step, codecs, where) for p in body["payloads"])
-    _unique_paths(payloads, where)
-    tree = body["tree"]
-    validate_tree(tree, len(payloads), where)
-    return Manifest(step, float(created), tree, payloads, files, metrics, info)
+    if not distributed:
+        payloads = tuple(_payload(p, files, step, codecs, where) for p in body["payloads"])
+        _unique_paths(payloads, where)
+        tree = body["tree"]
+        validate_tree(tree, len(payloads), where)
+        return Manifest(step, float(created), tree, payloads, files, metrics, info)
+    trees = body["trees"]
+    if not isinstance(trees, list) or not 1 <= len(trees) <= MAX_RANKS:
+        raise _bad(where, f"has an invalid list of rank trees ({_show(trees)[:80]})")
+    payloads = tuple(_rank_payload(p, files, step, codecs, len(trees), where) for p in body["payloads"])
+    _unique_parts(payloads, where)
+    used: set[int] = set()
+    for rank, tree in enumerate(trees):
+        check = _TreeCheck(len(payloads), f"{where} (rank {rank})")
+        check.node(tree, 0)
+        used |= check.used
+    if len(used) != len(payloads):
+        raise _bad(where, "lists payloads that no rank's tree uses")
+    return Manifest(step, float(created), trees[0], payloads, files, metrics, info, tuple(trees[1:]))
 
 
 def _flat(value: object, name: str, where: str) -> dict[str, Any]:
@@ -371,6 +413,48 @@ def _shape(raw: object, itemsize: int, at: str, where: str) -> tuple[int, ...]:
     if size * itemsize > MAX_INT64:
         raise _bad(where, f"{at}: shape {_show(raw)} declares more than {MAX_INT64} bytes")
     return tuple(raw)
+
+
+def _rank_payload(
+    raw: object, files: dict[str, int], step: int, codecs: set[tuple[Any, ...]], world: int, where: str
+) -> PayloadEntry:
+    """A payload of a distributed step: a plain entry plus its writer's rank and, for a shard of a
+    DTensor, its global shape and offset (the shard must lie inside the global tensor)."""
+    if not isinstance(raw, dict) or "rank" not in raw:
+        raise _bad(where, f"has a payload without its writer's rank {_show(raw)}")
+    plain = {k: v for k, v in raw.items() if k not in ("rank", "shard")}
+    entry = _payload(plain, files, step, codecs, where)
+    rank = _int(raw["rank"], f"payload {entry.path[:100]!r} rank", where, maximum=world - 1)
+    shard = None
+    if "shard" in raw:
+        shard = _shard(raw["shard"], entry, where)
+    return dataclasses.replace(entry, rank=rank, shard=shard)
+
+
+def _shard(raw: object, entry: PayloadEntry, where: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    at = f"payload {entry.path[:100]!r}"
+    if not isinstance(raw, dict) or raw.keys() != {"global", "offset"}:
+        raise _bad(where, f"{at}: malformed shard {_show(raw)}")
+    size = DTYPES[entry.dtype].itemsize
+    whole = _shape(raw["global"], size, at, where)
+    offset = raw["offset"]
+    if not isinstance(offset, list) or len(offset) != len(whole) or len(whole) != len(entry.shape):
+        raise _bad(where, f"{at}: shard offset {_show(offset)} does not fit its shapes")
+    for o, n, g in zip(offset, entry.shape, whole, strict=True):
+        if _int(o, f"{at} shard offset", where) + n > g:
+            raise _bad(where, f"{at}: shard at {_show(offset)} of shape {entry.shape} lies outside {whole}")
+    return whole, tuple(offset)
+
+
+def _unique_parts(payloads: tuple[PayloadEntry, ...], where: str) -> None:
+    """In a distributed step one array may have several payloads (a shard each, or one per rank for
+    rank-local values), but never two for the same writer and shard."""
+    seen: set[tuple[Any, ...]] = set()
+    for p in payloads:
+        key = (p.path, p.rank, None if p.shard is None else p.shard[1])
+        if key in seen:
+            raise _bad(where, f"has two payloads for {_show(p.path)} from rank {p.rank}")
+        seen.add(key)
 
 
 def _unique_paths(payloads: tuple[PayloadEntry, ...], where: str) -> None:
