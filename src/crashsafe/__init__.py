@@ -11,6 +11,7 @@ from crashsafe import codecs, policies
 from crashsafe.errors import (
     CheckpointExistsError,
     CodecError,
+    CoordinationError,
     CorruptCheckpointError,
     CorruptCheckpointWarning,
     CrashsafeError,
@@ -51,6 +52,7 @@ __all__ = [
     "CheckpointExistsError",
     "CheckpointManager",
     "CodecError",
+    "CoordinationError",
     "CorruptCheckpointError",
     "CorruptCheckpointWarning",
     "CorruptShelfError",

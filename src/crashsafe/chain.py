@@ -109,13 +109,17 @@ class ChainReader(Closing):
     def payloads(self, step: int, *, verify_only: bool = False) -> Iterator[tuple[PayloadEntry, Any]]:
         """Yield (entry, array) for every payload of ``step``, decoded and verified, in manifest
         order. With ``verify_only`` raw payloads are checksummed in a stream and yielded as None."""
+        for entry in self.manifest(step).payloads:
+            yield entry, self.decode(step, entry, verify_only=verify_only)
+
+    def decode(self, step: int, entry: PayloadEntry, *, verify_only: bool = False) -> Any:
+        """One payload of ``step``, decoded through its chain and verified (storage dtype)."""
         target = self._reader(step)
-        for entry in target.manifest.payloads:
-            try:
-                yield entry, self._payload(step, entry, verify_only)
-            except (CorruptCheckpointError, NoCheckpointError):
-                target.raise_if_vanished()
-                raise
+        try:
+            return self._payload(step, entry, verify_only)
+        except (CorruptCheckpointError, NoCheckpointError):
+            target.raise_if_vanished()
+            raise
 
     def _payload(self, step: int, entry: PayloadEntry, verify_only: bool) -> Any:
         reader = self._reader(step)
@@ -160,7 +164,7 @@ class ChainReader(Closing):
         while link.base is not None:
             base = link.base
             try:
-                found = [p for p in self.manifest(base).payloads if p.path == entry.path]
+                found = [p for p in self.manifest(base).payloads if _same_part(p, entry)]
             except NoCheckpointError:
                 raise CorruptCheckpointError(
                     f"{where} is a delta of step {base}, but base step {base} is missing (deleted outside "
@@ -207,6 +211,12 @@ class ChainReader(Closing):
         for reader in self._readers.values():
             reader.close()
         self._readers.clear()
+
+
+def _same_part(a: PayloadEntry, b: PayloadEntry) -> bool:
+    """Whether ``a`` holds the same part of the state as ``b``: the same path, and in a distributed
+    step the same writer and shard (a rank's delta chain runs through its own payloads)."""
+    return (a.path, a.rank, a.shard) == (b.path, b.rank, b.shard)
 
 
 def _layout(entry: PayloadEntry) -> tuple[np.dtype[Any], tuple[int, ...]]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 __all__ = [
     "CheckpointExistsError",
     "CodecError",
+    "CoordinationError",
     "CorruptCheckpointError",
     "CorruptCheckpointWarning",
     "CrashsafeError",
@@ -70,6 +71,11 @@ class DiskFullError(StorageError):
 
 class SaveFailedError(CrashsafeError, RuntimeError):
     """A background save failed; committed checkpoints are untouched."""
+
+
+class CoordinationError(CrashsafeError, RuntimeError):
+    """The ranks of a distributed manager could not agree in time (a rank died or hangs); nothing
+    was committed."""
 
 
 class CodecError(CrashsafeError, ValueError):

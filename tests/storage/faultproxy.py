@@ -68,7 +68,8 @@ class FaultProxy:
                 client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # RST
                 return
             if mode == "503":
-                _read_request(client)
+                with contextlib.suppress(OSError):
+                    _read_request(client)
                 body = b"<Error><Code>ServiceUnavailable</Code><Message>try again</Message></Error>"
                 head = "HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\n"
                 head += f"Content-Length: {len(body)}\r\n\r\n"
@@ -89,7 +90,9 @@ class FaultProxy:
 
 
 def _read_request(sock: socket.socket) -> None:
-    """Read one HTTP request (head and Content-Length body) so the client sees a whole answer."""
+    """Read one HTTP request (head and Content-Length body) so the client sees a whole answer. A
+    client that sends ``Expect: 100-continue`` waits for the answer before its body: not read."""
+    sock.settimeout(5)
     data = b""
     while b"\r\n\r\n" not in data:
         chunk = sock.recv(65536)
@@ -97,6 +100,8 @@ def _read_request(sock: socket.socket) -> None:
             return
         data += chunk
     head, _, body = data.partition(b"\r\n\r\n")
+    if b"100-continue" in head.lower():
+        return
     length = 0
     for line in head.split(b"\r\n"):
         if line.lower().startswith(b"content-length:"):

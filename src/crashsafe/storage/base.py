@@ -87,6 +87,11 @@ class Draft(ABC):
         """Every data file written so far and its size (the manifest's file table)."""
 
     @abstractmethod
+    def persist(self) -> None:
+        """Make what this draft wrote durable, without committing: in a distributed step every rank
+        persists its part, then rank 0 commits the whole."""
+
+    @abstractmethod
     def commit(self, manifest: bytes) -> None:
         """Make the step durable and visible with ``manifest`` (already validated), or raise and
         leave nothing visible."""
@@ -94,6 +99,10 @@ class Draft(ABC):
     @abstractmethod
     def abort(self) -> None:
         """Drop what was written (best effort: a leftover is invisible and cleaned later)."""
+
+    def close(self) -> None:
+        """Release what the draft holds, keeping what it wrote (a rank whose part rank 0 commits)."""
+        return None  # nothing to do, unless a subclass says otherwise
 
 
 class Lock(ABC):
@@ -122,8 +131,9 @@ class Store(ABC):
         """A committed step for reading (NoCheckpointError if it is not committed)."""
 
     @abstractmethod
-    def begin(self, step: int) -> Draft:
-        """Start writing ``step`` (CheckpointExistsError if it is committed)."""
+    def begin(self, step: int, *, attempt: str | None = None, part: str | None = None) -> Draft:
+        """Start writing ``step`` (CheckpointExistsError if it is committed). Ranks writing one
+        distributed step share its ``attempt`` (one temporary place) and each writes its ``part``."""
 
     @abstractmethod
     def delete(self, step: int) -> None:

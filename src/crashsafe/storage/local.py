@@ -65,8 +65,8 @@ class LocalStore(Store):
     def open_step(self, step: int) -> StoredStep:
         return _LocalStep(self.root, step)
 
-    def begin(self, step: int) -> Draft:
-        return _LocalDraft(self, step)
+    def begin(self, step: int, *, attempt: str | None = None, part: str | None = None) -> Draft:
+        return _LocalDraft(self, step, attempt, part)
 
     def delete(self, step: int) -> None:
         """Rename the step out of view, fsync, then remove it; a ``step_*`` that is a symlink loses
@@ -177,9 +177,10 @@ class _LocalStep(StoredStep):
 
 
 class _LocalDraft(Draft):
-    """``.tmp-step_<n>-<pid>-<hex>/data.bin``, committed by rename."""
+    """``.tmp-step_<n>-<pid>-<hex>/data.bin``, committed by rename. The ranks of a distributed step
+    share ``.tmp-step_<n>-<attempt>/`` and each writes its own ``data-<part>.bin`` into it."""
 
-    def __init__(self, store: LocalStore, step: int) -> None:
+    def __init__(self, store: LocalStore, step: int, attempt: str | None, part: str | None) -> None:
         self._store = store
         self._root = root = store.root
         self.step = step
@@ -189,15 +190,20 @@ class _LocalDraft(Draft):
                 f"step {step} is already committed in {root.path}; committed checkpoints are never "
                 "overwritten. Save under a new step, or delete it first with `crashsafe gc`."
             )
-        self.tmp = f"{TMP_PREFIX}{self.name}-{os.getpid()}-{secrets.token_hex(4)}"
+        self.tmp = f"{TMP_PREFIX}{self.name}-{attempt or f'{os.getpid()}-{secrets.token_hex(4)}'}"
+        self._data = DATA_NAME if part is None else f"data-{part}.bin"
         self._dir: LocalDir | None = None
         self._fd: int | None = None
         self._offset = 0
         try:
-            root.mkdir(self.tmp)
+            try:
+                root.mkdir(self.tmp)
+            except FileExistsError:
+                if attempt is None:  # only the ranks of one attempt share a temporary directory
+                    raise
             faults.reached("after_mkdir_tmp")
             self._dir = root.subdir(self.tmp)
-            self._fd = self._dir.create_file(DATA_NAME)
+            self._fd = self._dir.create_file(self._data)
         except (OSError, CrashsafeError) as exc:
             self.abort()
             raise self._error(exc, f"starting step {step} in {root.path}") from None
@@ -213,18 +219,27 @@ class _LocalDraft(Draft):
         except OSError as exc:
             raise self._error(exc, f"writing step {self.step} to {self._root.path}") from None
         self._offset += len(view)
-        return DATA_NAME, start
+        return self._data, start
 
     def files(self) -> dict[str, int]:
-        return {DATA_NAME: self._offset}
+        return {self._data: self._offset}
 
-    def commit(self, manifest: bytes) -> None:
-        assert self._fd is not None and self._dir is not None, "draft is closed"
+    def persist(self) -> None:
+        if self._fd is None:
+            return
         try:
             os.fsync(self._fd)
-            os.close(self._fd)
-            self._fd = None
-            faults.reached("after_fsync_data")
+        except OSError as exc:
+            self.abort()
+            raise self._error(exc, f"writing step {self.step} to {self._root.path}") from None
+        os.close(self._fd)
+        self._fd = None
+        faults.reached("after_fsync_data")
+
+    def commit(self, manifest: bytes) -> None:
+        self.persist()
+        assert self._dir is not None, "draft is closed"
+        try:
             fd = self._dir.create_file(MANIFEST_NAME)
             try:
                 pos = 0
@@ -257,6 +272,9 @@ class _LocalDraft(Draft):
         self._close()
         with contextlib.suppress(OSError):
             self._root.remove(self.tmp)
+
+    def close(self) -> None:
+        self._close()
 
     def _close(self) -> None:
         if self._fd is not None:

@@ -104,8 +104,8 @@ class FsspecStore(Store):
     def open_step(self, step: int) -> StoredStep:
         return _ObjectStep(self, step)
 
-    def begin(self, step: int) -> Draft:
-        return _ObjectDraft(self, step)
+    def begin(self, step: int, *, attempt: str | None = None, part: str | None = None) -> Draft:
+        return _ObjectDraft(self, step, attempt, part)
 
     def delete(self, step: int) -> None:
         """Remove the manifest (the step is gone for readers), then every object of the step."""
@@ -268,16 +268,17 @@ class _ObjectDraft(Draft):
     """Payloads packed into shards, each uploaded in the background as soon as it is full, while
     the next payloads are still being encoded; the manifest goes last."""
 
-    def __init__(self, store: FsspecStore, step: int) -> None:
+    def __init__(self, store: FsspecStore, step: int, attempt: str | None, part: str | None) -> None:
         self._store = store
         self.step = step
         self._name = step_name(step)
+        self._part = "" if part is None else f"{part}-"
         if step in store.steps():
             raise CheckpointExistsError(
                 f"step {step} is already committed in {store.location}; committed checkpoints are "
                 "never overwritten. Save under a new step, or delete it first with `crashsafe gc`."
             )
-        self._attempt = secrets.token_hex(8)
+        self._attempt = attempt or secrets.token_hex(8)
         folder = store.path(self._name)  # a no-op on object stores; file:// needs the directory
         store._call(lambda: store.fs.makedirs(folder, exist_ok=True), f"starting step {step}")
         self._files: dict[str, int] = {}
@@ -307,7 +308,7 @@ class _ObjectDraft(Draft):
         return dict(self._files)
 
     def _new_shard(self) -> str:
-        return f"data-{self._attempt}-{len(self._files):05d}.bin"
+        return f"data-{self._attempt}-{self._part}{len(self._files):05d}.bin"
 
     def _flush(self) -> None:
         if self._current is not None and self._buffer:
@@ -334,12 +335,19 @@ class _ObjectDraft(Draft):
         with self._uploaded:
             faults.reached("mid_upload")
 
-    def commit(self, manifest: bytes) -> None:
+    def persist(self) -> None:
         try:
             self._flush()
             for upload in self._uploads:
-                upload.result()  # the first failed upload fails the commit
-            faults.reached("after_upload_data")
+                upload.result()  # the first failed upload fails the step
+        except BaseException:
+            self.abort()
+            raise
+        faults.reached("after_upload_data")
+
+    def commit(self, manifest: bytes) -> None:
+        self.persist()
+        try:
             self._put_manifest(manifest)
         except BaseException:
             self.abort()

@@ -29,9 +29,11 @@ _HASHER = ThreadPoolExecutor(1, thread_name_prefix="crashsafe-hash")
 class StepWriter:
     """Payloads of one step go into the store's draft; :meth:`commit` makes them a step, or nothing."""
 
-    def __init__(self, store: Store, step: int) -> None:
+    def __init__(
+        self, store: Store, step: int, *, attempt: str | None = None, part: str | None = None
+    ) -> None:
         self.step = step
-        self._draft = store.begin(step)
+        self._draft = store.begin(step, attempt=attempt, part=part)
         self._first = True
 
     def write_payload(self, data: BytesLike) -> tuple[str, int, int, str]:
@@ -64,6 +66,14 @@ class StepWriter:
                 "Committed checkpoints are intact"
             ) from None
         self._draft.commit(body)
+
+    def persist(self) -> None:
+        """Make this writer's part durable without committing it (a rank of a distributed step)."""
+        self._draft.persist()
+
+    def close(self) -> None:
+        """Release the writer, keeping what it persisted (rank 0 commits the distributed step)."""
+        self._draft.close()
 
     def abort(self) -> None:
         """Drop the step (best effort: a leftover is invisible and cleaned later)."""
