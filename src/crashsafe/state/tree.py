@@ -13,7 +13,7 @@ import functools
 import math
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
@@ -54,10 +54,13 @@ class Stateful(Protocol):
 
 @dataclass(frozen=True)
 class Shard:
-    """Where a local shard sits in its global tensor: the global shape and the shard's offsets."""
+    """Where a local shard sits in its global tensor: the global shape and the shard's offsets
+    (and, to rebuild a live DTensor on restore, its device mesh and placements)."""
 
     global_shape: tuple[int, ...]
     offset: tuple[int, ...]
+    mesh: Any = field(default=None, compare=False, repr=False)
+    placements: Any = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -296,7 +299,8 @@ def _local_shard(tensor: Any, parts: Parts) -> tuple[Any, Shard]:
     shape, offset = compute_local_shape_and_global_offset(tensor.shape, tensor.device_mesh, tensor.placements)
     if tuple(shape) != tuple(local.shape):
         raise _refuse(parts, f"a DTensor's local tensor {tuple(local.shape)} is not its shard {tuple(shape)}")
-    return local, Shard(tuple(tensor.shape), tuple(int(o) for o in offset))
+    offset = tuple(int(o) for o in offset)
+    return local, Shard(tuple(tensor.shape), offset, tensor.device_mesh, tensor.placements)
 
 
 def _tensor_problem(tensor: Any) -> str | None:
