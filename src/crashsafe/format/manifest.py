@@ -11,8 +11,6 @@ import dataclasses
 import json
 import math
 import re
-import reprlib
-from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +18,14 @@ import xxhash
 
 from crashsafe.codecs.registry import get_codec
 from crashsafe.errors import CodecError, CorruptCheckpointError
+from crashsafe.format.checks import MAX_INT64, MAX_NDIM, MIN_INT64
+from crashsafe.format.checks import bad as _bad
+from crashsafe.format.checks import checked_int as _int
+from crashsafe.format.checks import member as _member
+from crashsafe.format.checks import show as _show
 from crashsafe.format.dtypes import DTYPES
+from crashsafe.format.tree import TreeCheck as _TreeCheck
+from crashsafe.format.tree import validate_tree
 
 __all__ = [
     "DISTRIBUTED_VERSION",
@@ -32,7 +37,6 @@ __all__ = [
     "dumps",
     "loads",
     "validate_file_name",
-    "validate_tree",
 ]
 
 FORMAT_NAME = "crashsafe-checkpoint"
@@ -40,8 +44,6 @@ FORMAT_VERSION = 1  # what a single process writes
 DISTRIBUTED_VERSION = 2  # many ranks: per-rank trees, payloads with their writer and shard
 MAX_RANKS = 65536
 MANIFEST_NAME = "manifest.json"
-MAX_INT64 = 2**63 - 1
-MIN_INT64 = -(2**63)
 MAX_STEP = MAX_INT64  # steps are int64 everywhere (names, JSON, other tools)
 # Parse bounds, checked on the raw bytes before json.loads builds any object (docs/format.md,
 # "Limits"). A state of 150k tensors (a MoE model with AdamW) needs 63-71 MiB, 0.53M objects and
@@ -49,14 +51,9 @@ MAX_STEP = MAX_INT64  # steps are int64 everywhere (names, JSON, other tools)
 MAX_MANIFEST_BYTES = 96 * 1024 * 1024
 MAX_JSON_OBJECTS = 800_000  # count of b"{"
 MAX_JSON_VALUES = 4_500_000  # count of b"{", b"[" and b",": every JSON value but the first follows one
-MAX_TREE_DEPTH = 200
-MAX_NDIM = 64
-MAX_TREE_NODES = 1_000_000
-MAX_INT_DIGITS = 4300  # Python's default int/str conversion limit
 LEAF_KINDS = frozenset({"torch", "numpy", "npscalar", "bytes"})
 _FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 _HEX64 = re.compile(r"[0-9a-f]{16}")
-_INT_TEXT = re.compile(rf"-?[0-9]{{1,{MAX_INT_DIGITS}}}")
 
 
 @dataclass(frozen=True)
@@ -204,33 +201,6 @@ def validate_file_name(name: object) -> str:
     return name
 
 
-def _bad(where: str, what: str) -> CorruptCheckpointError:
-    return CorruptCheckpointError(f"{where} {what}")
-
-
-class _ShortRepr(reprlib.Repr):
-    """Reprs cut to a line; ints too long for ``repr()`` are described, not printed."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.maxlevel, self.maxdict, self.maxlist = 2, 4, 4
-        self.maxstring = self.maxother = 80
-        self.maxlong = 40
-
-    def repr_int(self, x: int, level: int) -> str:
-        if x.bit_length() > 1000:
-            return f"<an integer of {x.bit_length()} bits>"
-        return super().repr_int(x, level)
-
-
-_SHORT = _ShortRepr()
-
-
-def _show(value: object) -> str:
-    """A short repr of an untrusted value (a forged one may be megabytes long)."""
-    return _SHORT.repr(value)
-
-
 def _check_bounds(data: bytes, where: str) -> None:
     """Refuse bytes that would make ``json.loads`` build more than a legitimate manifest needs."""
     limit = "; it is damaged or forged, or its state is too large for one manifest (docs/format.md, Limits)"
@@ -273,17 +243,6 @@ def _json_constant(name: str) -> float:
     raise ValueError(f"{name} is not a JSON number")
 
 
-def _member(value: object, allowed: Collection[str]) -> bool:
-    """``value in allowed`` for untrusted values (a list would make ``in`` raise TypeError)."""
-    return isinstance(value, str) and value in allowed
-
-
-def _int(value: object, what: str, where: str, minimum: int = 0, maximum: int = MAX_INT64) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
-        raise _bad(where, f"has invalid {what}: {_show(value)}")
-    return value
-
-
 _FIELDS = frozenset({"format", "version", "step", "created", "metrics", "info", "files", "payloads", "tree"})
 _FIELDS_V2 = _FIELDS - {"tree"} | {"trees"}
 
@@ -307,7 +266,7 @@ def _validate(body: dict[str, Any], where: str) -> Manifest:
         payloads = tuple(_payload(p, files, step, codecs, where) for p in body["payloads"])
         _unique_paths(payloads, where)
         tree = body["tree"]
-        validate_tree(tree, len(payloads), where)
+        validate_tree(tree, len(payloads), where, [(p.kind, p.shape) for p in payloads])
         return Manifest(step, float(created), tree, payloads, files, metrics, info)
     trees = body["trees"]
     if not isinstance(trees, list) or not 1 <= len(trees) <= MAX_RANKS:
@@ -463,115 +422,3 @@ def _unique_paths(payloads: tuple[PayloadEntry, ...], where: str) -> None:
         if p.path in seen:
             raise _bad(where, f"has two payloads with path {_show(p.path)}")
         seen.add(p.path)
-
-
-def _is_bool(v: object) -> bool:
-    return isinstance(v, bool)
-
-
-def _is_str(v: object) -> bool:
-    return isinstance(v, str)
-
-
-def _is_int_text(v: object) -> bool:
-    """Canonical decimal only: ``int()`` would also take " 1_0 " or more digits than it prints."""
-    return isinstance(v, str) and _INT_TEXT.fullmatch(v) is not None
-
-
-def _is_float_text(v: object) -> bool:
-    if not isinstance(v, str):
-        return False
-    try:
-        float.fromhex(v)
-    except (ValueError, OverflowError):  # "0x1p99999" overflows
-        return False
-    return True
-
-
-_NODE_FIELDS: dict[str, frozenset[str]] = {
-    "none": frozenset({"t"}),
-    "bool": frozenset({"t", "v"}),
-    "int": frozenset({"t", "v"}),
-    "float": frozenset({"t", "v"}),
-    "str": frozenset({"t", "v"}),
-    "array": frozenset({"t", "id"}),
-    "dict": frozenset({"t", "keys", "vals"}),
-    "list": frozenset({"t", "items"}),
-    "tuple": frozenset({"t", "items"}),
-    "stateful": frozenset({"t", "class", "value"}),
-}
-_SCALAR_VALUES: dict[str, Callable[[object], bool]] = {
-    "bool": _is_bool,
-    "int": _is_int_text,
-    "float": _is_float_text,
-    "str": _is_str,
-}
-
-
-def validate_tree(tree: object, n_payloads: int, where: str = "state tree") -> None:
-    """Raise CorruptCheckpointError unless ``tree`` is a state tree the reader accepts, using each
-    of ``n_payloads`` arrays exactly once. The writer runs it too, so what saves also loads."""
-    check = _TreeCheck(n_payloads, where)
-    check.node(tree, 0)
-    if len(check.used) != n_payloads:
-        raise _bad(where, "lists payloads that its tree never uses")
-
-
-class _TreeCheck:
-    """One walk over a tree: counts nodes (at most MAX_TREE_NODES), records the arrays used."""
-
-    def __init__(self, n_payloads: int, where: str) -> None:
-        self.n_payloads = n_payloads
-        self.where = where
-        self.used: set[int] = set()
-        self.nodes = 0
-
-    def node(self, node: object, depth: int) -> None:
-        self.nodes += 1
-        if self.nodes > MAX_TREE_NODES:
-            raise _bad(self.where, f"has more than {MAX_TREE_NODES} tree nodes")
-        if depth > MAX_TREE_DEPTH:
-            raise _bad(self.where, f"has a state tree deeper than {MAX_TREE_DEPTH}")
-        t = node.get("t") if isinstance(node, dict) else None
-        if not isinstance(t, str) or t not in _NODE_FIELDS:
-            raise _bad(self.where, f"has an invalid tree node {_show(node)}")
-        assert isinstance(node, dict)
-        if node.keys() != _NODE_FIELDS[t]:
-            raise _bad(self.where, f"has a malformed {t!r} tree node")
-        if t == "array":
-            self.array(node["id"])
-        elif t in _SCALAR_VALUES:
-            if not _SCALAR_VALUES[t](node["v"]):
-                raise _bad(self.where, f"has a malformed {t!r} value {_show(node['v'])}")
-        elif t == "dict":
-            for child in _dict_values(node["keys"], node["vals"], self.where):
-                self.node(child, depth + 1)
-        elif t == "stateful":
-            if not isinstance(node["class"], str):
-                raise _bad(self.where, "has a malformed stateful node")
-            self.node(node["value"], depth + 1)
-        elif t in ("list", "tuple"):
-            if not isinstance(node["items"], list):
-                raise _bad(self.where, f"has a malformed {t} node")
-            for child in node["items"]:
-                self.node(child, depth + 1)
-
-    def array(self, node_id: object) -> None:
-        idx = _int(node_id, "array id", self.where)
-        if idx >= self.n_payloads or idx in self.used:
-            raise _bad(self.where, f"has an array id {_show(idx)} that is out of range or used twice")
-        self.used.add(idx)
-
-
-def _dict_values(keys: object, vals: object, where: str) -> list[object]:
-    """The values of a dict node whose keys are unique strs or int64 ints."""
-    if not isinstance(keys, list) or not isinstance(vals, list) or len(keys) != len(vals):
-        raise _bad(where, "has a malformed dict node")
-    for k in keys:
-        if not isinstance(k, str) and (
-            isinstance(k, bool) or not isinstance(k, int) or not MIN_INT64 <= k <= MAX_INT64
-        ):
-            raise _bad(where, f"has a dict key {_show(k)} that is not a str or an int64")
-    if len(set(keys)) != len(keys):
-        raise _bad(where, "has a dict node with duplicate keys")
-    return vals

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import enum
+import os
+import pathlib
+import sys
 from collections import OrderedDict
-from collections.abc import MutableMapping, MutableSequence, Sequence
+from collections.abc import Mapping, MutableMapping, MutableSequence, Sequence
 from typing import Any
 
 import numpy as np
@@ -15,13 +20,15 @@ from crashsafe.format.dtypes import torch_dtype_name
 from crashsafe.state.torch_fit import misfit
 from crashsafe.state.tree import format_path, is_stateful, numpy_dtype_name
 
-__all__ = ["apply_into", "check_into", "to_value", "unflatten"]
+__all__ = ["apply_into", "check_into", "live_class", "to_value", "unflatten"]
 
 
 def unflatten(tree: dict[str, Any], values: Sequence[Any]) -> Any:
     """Nested python value described by ``tree``; ``values[i]`` fills ``{"t": "array", "id": i}``.
 
-    Stateful nodes come back as the plain ``state_dict`` they were saved from. ``tree`` must
+    Stateful nodes come back as the plain ``state_dict`` they were saved from; views share memory
+    with the array they look into; enum members and dataclasses come back as themselves when their
+    class is already imported, else as their value and a dict of their fields. ``tree`` must
     already be validated (``crashsafe.format.manifest`` does that).
     """
     t = tree["t"]
@@ -43,7 +50,89 @@ def unflatten(tree: dict[str, Any], values: Sequence[Any]) -> Any:
         return tuple(unflatten(v, values) for v in tree["items"])
     if t == "stateful":
         return unflatten(tree["value"], values)
+    if t == "view":
+        return _view(values[tree["id"]], tree["offset"], tree["shape"], tree["stride"])
+    return _plain_value(tree, values)
+
+
+def _plain_value(tree: dict[str, Any], values: Sequence[Any]) -> Any:
+    """The values frameworks put in checkpoints: torch dtypes and devices, paths, namespaces,
+    enum members and dataclasses."""
+    t = tree["t"]
+    if t in ("dtype", "device"):
+        torch = _torch_for(f"a torch.{t}")
+        return getattr(torch, tree["v"]) if t == "dtype" else torch.device(tree["v"])
+    if t == "path":
+        return _PATHS[tree["class"]](tree["v"])
+    if t == "enum":
+        value = unflatten(tree["value"], values)
+        cls = live_class(tree["class"])
+        members = cls.__members__ if isinstance(cls, type) and issubclass(cls, enum.Enum) else {}
+        return members.get(tree["name"], value)
+    fields = {k: unflatten(v, values) for k, v in zip(tree["keys"], tree["vals"], strict=True)}
+    if t == "namespace":
+        return argparse.Namespace(**fields)
+    if t == "dataclass":
+        return _dataclass(live_class(tree["class"]), fields)
     raise AssertionError(f"unvalidated tree node {t!r}")
+
+
+# A concrete path of another system's flavour cannot be built here: it comes back as the pure one.
+_PATHS: dict[str, type[pathlib.PurePath]] = {
+    "PurePosixPath": pathlib.PurePosixPath,
+    "PureWindowsPath": pathlib.PureWindowsPath,
+    "PosixPath": pathlib.PurePosixPath if os.name == "nt" else pathlib.PosixPath,
+    "WindowsPath": pathlib.WindowsPath if os.name == "nt" else pathlib.PureWindowsPath,
+}
+
+
+def live_class(name: str) -> object:
+    """The class ``module:qualname`` names if its module is already imported, else None.
+
+    Nothing is imported and no attribute hook runs: only module and class dicts are read, so a
+    forged name can at most pick an object this process already holds.
+    """
+    module, _, qualname = name.partition(":")
+    found: object = sys.modules.get(module)
+    for part in qualname.split("."):
+        namespace = getattr(found, "__dict__", None) if found is not None else None
+        found = namespace.get(part) if isinstance(namespace, Mapping) else None
+    return found
+
+
+def _dataclass(cls: object, fields: dict[str, Any]) -> Any:
+    """An instance of dataclass ``cls`` holding ``fields``, built as pickle does (no __init__ or
+    __post_init__ runs); the dict of fields if ``cls`` is not a dataclass with exactly these."""
+    if not (isinstance(cls, type) and dataclasses.is_dataclass(cls) and cls.__new__ is object.__new__):
+        return fields
+    if [f.name for f in dataclasses.fields(cls)] != list(fields):
+        return fields
+    obj = object.__new__(cls)
+    for name, value in fields.items():
+        object.__setattr__(obj, name, value)
+    return obj
+
+
+def _view(base: Any, offset: int, shape: list[int], stride: list[int]) -> Any:
+    """A view into ``base`` (validated: every element inside it) sharing its memory."""
+    if is_tensor(base):
+        return base.as_strided(shape, stride, base.storage_offset() + offset)
+    flat = base.reshape(-1)  # a view of a C-contiguous array (a copy otherwise: same values)
+    itemsize = flat.dtype.itemsize
+    return np.lib.stride_tricks.as_strided(flat[offset:], shape, [s * itemsize for s in stride])
+
+
+def _torch_for(what: str) -> Any:
+    """The torch module, or the error that says it is needed to read ``what``."""
+    torch = loaded_torch()
+    if torch is None:
+        try:
+            import torch
+        except ImportError:
+            raise UnsupportedStateError(
+                f"this checkpoint holds {what}, which needs torch to read; install crashsafe[torch]"
+            ) from None
+    return torch
 
 
 def apply_into(target: Any, saved: Any, parts: tuple[str | int, ...] = ()) -> Any:

@@ -9,8 +9,12 @@ See ``docs/state.md`` for what comes back exactly and what comes back changed.
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import enum
 import functools
 import math
+import pathlib
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -21,13 +25,15 @@ import numpy as np
 from crashsafe._torch import is_tensor, loaded_torch
 from crashsafe.errors import CorruptCheckpointError, UnsupportedStateError
 from crashsafe.format.dtypes import DTYPES, torch_dtype_name
-from crashsafe.format.manifest import validate_tree
+from crashsafe.format.tree import validate_tree
+from crashsafe.state.shared import find_views
 
 __all__ = [
     "ArrayLeaf",
     "LeafKind",
     "Shard",
     "Stateful",
+    "class_name",
     "flatten",
     "format_path",
     "is_stateful",
@@ -104,14 +110,15 @@ def flatten(state: object) -> tuple[dict[str, Any], list[ArrayLeaf]]:
     """
     walk = _Walk()
     tree = walk.node(state, (), 0)
+    leaves = walk.share_views()
     try:
-        validate_tree(tree, len(walk.leaves))
+        validate_tree(tree, len(leaves), arrays=[(leaf.kind, leaf.shape) for leaf in leaves])
     except CorruptCheckpointError as exc:
         raise UnsupportedStateError(
             f"this state would make a checkpoint crashsafe cannot read back: {exc}. Change that part "
             "of the state; docs/state.md lists what a checkpoint can hold"
         ) from None
-    return tree, walk.leaves
+    return tree, leaves
 
 
 def _refuse(parts: Parts, message: str) -> UnsupportedStateError:
@@ -127,11 +134,17 @@ def _type_name(value: object) -> str:
     return f"{type(value).__module__}.{type(value).__qualname__}"
 
 
+def class_name(cls: type) -> str:
+    """``module:qualname`` of a class, as enum and dataclass nodes record it (never imported)."""
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
 class _Walk:
     """One flatten: the array leaves found so far and the position that owns each dotted path."""
 
     def __init__(self) -> None:
         self.leaves: list[ArrayLeaf] = []
+        self.arrays: list[dict[str, Any]] = []  # the tree node of each leaf
         self._owners: dict[str, Parts] = {}
 
     def node(self, value: object, parts: Parts, depth: int) -> dict[str, Any]:
@@ -167,12 +180,65 @@ class _Walk:
             return {"t": "list" if isinstance(value, list) else "tuple", "items": items}
         if is_stateful(value):
             return self._stateful(value, parts, depth)
+        return self._value(value, parts, depth)
+
+    def share_views(self) -> list[ArrayLeaf]:
+        """Turn tensors that look into another saved tensor's memory into view nodes of it (tied
+        weights are stored once); return the leaves left, their array ids renumbered in order."""
+        found = find_views([leaf.source if leaf.kind == "torch" and leaf.shard is None else None
+                            for leaf in self.leaves])  # fmt: skip
+        if not found:
+            return self.leaves
+        kept = [i for i in range(len(self.leaves)) if i not in found]
+        new_id = {old: new for new, old in enumerate(kept)}
+        for old, node in enumerate(self.arrays):
+            if old in new_id:
+                node["id"] = new_id[old]
+            else:
+                view = found[old]
+                node.clear()
+                node.update(t="view", id=new_id[view.anchor], offset=view.offset,
+                            shape=list(view.shape), stride=list(view.stride))  # fmt: skip
+        return [self.leaves[i] for i in kept]
+
+    def _value(self, value: object, parts: Parts, depth: int) -> dict[str, Any]:
+        """Tree node of the plain values frameworks put in checkpoints (torch dtypes and devices,
+        paths, argparse namespaces, enum members, dataclasses); refuse anything else."""
+        torch = loaded_torch()
+        if torch is not None and isinstance(value, torch.dtype):
+            return {"t": "dtype", "v": str(value).removeprefix("torch.")}
+        if torch is not None and isinstance(value, torch.device):
+            return {"t": "device", "v": str(value)}
+        if isinstance(value, pathlib.PurePath):
+            return {"t": "path", "v": str(value), "class": _path_class(value)}
+        if isinstance(value, argparse.Namespace):
+            keys, vals = self._fields(vars(value), parts, depth)
+            return {"t": "namespace", "keys": keys, "vals": vals}
+        if isinstance(value, enum.Enum):
+            try:
+                inner = self.node(value.value, parts, depth + 1)
+            except UnsupportedStateError as exc:
+                raise UnsupportedStateError(f"{exc} (the value of {_type_name(value)}.{value.name})") from None
+            return {"t": "enum", "class": class_name(type(value)), "name": value.name, "value": inner}
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+            keys, vals = self._fields(fields, parts, depth)
+            return {"t": "dataclass", "class": class_name(type(value)), "keys": keys, "vals": vals}
         raise _refuse(
             parts,
             f"cannot checkpoint a {_type_name(value)}. Supported: torch tensors, numpy arrays, python "
-            "scalars/str/bytes/None, dict/list/tuple, and objects with state_dict()/load_state_dict(). "
-            "Wrap other objects in such a class.",
+            "scalars/str/bytes/None, dict/list/tuple, torch dtypes and devices, paths, argparse "
+            "namespaces, enum members, dataclasses of these, and objects with "
+            "state_dict()/load_state_dict(). Wrap other objects in such a class.",
         )
+
+    def _fields(
+        self, fields: Mapping[str, Any], parts: Parts, depth: int
+    ) -> tuple[list[str], list[dict[str, Any]]]:
+        """Names and nodes of a namespace's attributes or a dataclass's fields."""
+        names = [str.__str__(name) for name in fields]
+        nodes = [self.node(v, (*parts, n), depth + 1) for n, v in zip(names, fields.values(), strict=True)]
+        return names, nodes
 
     def _dict(self, value: Mapping[Any, Any], parts: Parts, depth: int) -> dict[str, Any]:
         keys: list[str | int] = []
@@ -239,7 +305,8 @@ class _Walk:
                 "Rename one of the keys"
             )
         self.leaves.append(ArrayLeaf(path, kind, dtype, shape, source, shard))
-        return {"t": "array", "id": len(self.leaves) - 1}
+        self.arrays.append({"t": "array", "id": len(self.leaves) - 1})
+        return self.arrays[-1]
 
 
 def _int_text(value: int, parts: Parts) -> str:
@@ -261,6 +328,14 @@ def _int_text(value: int, parts: Parts) -> str:
         "refuses to read it back); store it as bytes, e.g. x.to_bytes((x.bit_length() + 8) // 8, "
         "'little', signed=True)",
     )
+
+
+def _path_class(path: pathlib.PurePath) -> str:
+    """The pathlib class a path is saved as: its own, or the one it derives from."""
+    for cls in (pathlib.PosixPath, pathlib.WindowsPath, pathlib.PurePosixPath):
+        if isinstance(path, cls):
+            return cls.__name__
+    return "PureWindowsPath"  # every other PurePath is one
 
 
 def _plain_key(key: object, parts: Parts) -> str | int:
