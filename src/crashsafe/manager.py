@@ -9,20 +9,20 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import os
-import signal
-import threading
 import time
 from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from types import FrameType, TracebackType
+from types import TracebackType
 from typing import Any
 
 import numpy as np
 
-from crashsafe.chain import doomed_steps, protected_steps
+from crashsafe._metrics import clean_metrics
+from crashsafe.chain import direct_bases, doomed_steps, protected_steps
+from crashsafe.distributed.collective import collective_for
+from crashsafe.distributed.group import DEFAULT_TIMEOUT
 from crashsafe.encoding import CodecSpec, SavePlanner
 from crashsafe.errors import (
     CheckpointExistsError,
@@ -37,9 +37,10 @@ from crashsafe.loading import listed_steps, newest_intact, read_state
 from crashsafe.mirroring import Mirror
 from crashsafe.policies.base import EverySteps, SaveContext, SavePolicy
 from crashsafe.policies.retention import validate_retention
+from crashsafe.preemption import EXIT_STATUS, SigtermWatch
 from crashsafe.state.rebuild import apply_into, check_into
 from crashsafe.state.staging import StagingPool, view_bytes
-from crashsafe.state.tree import ArrayLeaf, flatten
+from crashsafe.state.tree import ArrayLeaf, Shard, flatten
 from crashsafe.storage.base import Lock, Store
 from crashsafe.storage.reader import read_manifest
 from crashsafe.storage.stores import is_url, open_store
@@ -85,6 +86,11 @@ class CheckpointManager:
             there in the background, verified after upload; ``restore`` takes the newest intact
             step of either tier, so a new machine with an empty ``directory`` resumes from it.
         mirror_keep_last, mirror_keep_every: the mirror's own retention (default: keep all).
+        process_group: with torch.distributed initialized (or this group given) the manager is
+            collective: every rank constructs it and calls save/restore/load/steps alike; each rank
+            writes its part and rank 0 commits the step for all (docs/distributed.md).
+        coordination_timeout: seconds a rank waits for the others at each exchange before it
+            raises CoordinationError (a rank died or hangs), never hanging.
     """
 
     def __init__(
@@ -103,6 +109,8 @@ class CheckpointManager:
         mirror: str | os.PathLike[str] | None = None,
         mirror_keep_last: int | None = None,
         mirror_keep_every: int | None = None,
+        process_group: Any = None,
+        coordination_timeout: float = DEFAULT_TIMEOUT,
     ) -> None:
         validate_retention(keep_last, keep_every)
         validate_retention(mirror_keep_last, mirror_keep_every)
@@ -127,27 +135,34 @@ class CheckpointManager:
         self._started = time.perf_counter()
         self._stalled = 0.0
         self._last_save: tuple[int, float] | None = None
-        self._preempted = threading.Event()
-        self._previous_handler: Any = None
+        self._sigterm = SigtermWatch(False)
         self._closed = False
+        self._collective = collective_for(process_group, coordination_timeout, self.mirror)
         if read_only:
             if self.mirror is None:
                 self._open(self.directory).close()  # it must exist
             return
-        self._store = self._open(self.directory, create=True)
         try:
-            self._lock = self._store.lock()
-            self._store.remove_leftovers(self._store.leftovers())
-            if self.mirror is not None:
-                remote = self._open(self.mirror, create=True)
-                self._mirror = Mirror(self._store, remote, mirror_keep_last, mirror_keep_every)
+            if self._collective is None:
+                self._open_writer(mirror_keep_last, mirror_keep_every)
+            else:  # rank 0 creates, locks and cleans; then the others open what it made
+                self._collective.agree(lambda: self._open_writer(None, None), f"opening {self.directory}")
+                if not self._collective.leader:
+                    self._store = self._open(self.directory)
         except BaseException:
             self.close()
             raise
         if async_save:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="crashsafe-persist")
-        if save_on_sigterm:
-            self._install_sigterm()
+        self._sigterm = SigtermWatch(save_on_sigterm)
+
+    def _open_writer(self, mirror_keep_last: int | None, mirror_keep_every: int | None) -> None:
+        self._store = self._open(self.directory, create=True)
+        self._lock = self._store.lock()
+        self._store.remove_leftovers(self._store.leftovers())
+        if self.mirror is not None:
+            remote = self._open(self.mirror, create=True)
+            self._mirror = Mirror(self._store, remote, mirror_keep_last, mirror_keep_every)
 
     # ----------------------------------------------------------------------------- saving
 
@@ -171,7 +186,7 @@ class CheckpointManager:
                 f"step {step} is already committed in {self.directory}; committed checkpoints are "
                 "never overwritten. Save under a new step, or delete it with `crashsafe gc`."
             )
-        clean_metrics = _clean_metrics(metrics)
+        saved_metrics = clean_metrics(metrics)
         tree, leaves = flatten(state)
         arrays = (
             self._pool.capture(leaves) if self._pool is not None else [view_bytes(leaf) for leaf in leaves]
@@ -181,7 +196,7 @@ class CheckpointManager:
         self._last_save = (step, self._train_time())
 
         def persist() -> SaveStats:
-            return self._persist(store, step, committed, tree, leaves, arrays, clean_metrics, stall)
+            return self._persist(store, step, committed, tree, leaves, arrays, saved_metrics, stall)
 
         if self._executor is None:  # sync: the loop also waits for the write and the commit
             stats = persist()
@@ -191,14 +206,14 @@ class CheckpointManager:
         else:
             self._pending = self._executor.submit(persist)
             self._pending_step = step
-        if self._preempted.is_set():
+        if self._sigterm.arrived:
             self._exit_after_preemption()
 
     def maybe_save(
         self, step: int, state: Mapping[str, Any], metrics: Mapping[str, Any] | None = None
     ) -> bool:
         """Save if the policy says so (or a SIGTERM arrived); return whether it saved."""
-        if self._preempted.is_set():
+        if self._sigterm.arrived:
             if self._last_save is None or self._last_save[0] != step:
                 self.save(step, state, metrics)
             self._exit_after_preemption()
@@ -248,7 +263,7 @@ class CheckpointManager:
     @property
     def preempted(self) -> bool:
         """True once SIGTERM arrived (with ``save_on_sigterm=True``)."""
-        return self._preempted.is_set()
+        return self._sigterm.arrived
 
     def _train_time(self) -> float:
         return time.perf_counter() - self._started - self._stalled
@@ -265,6 +280,19 @@ class CheckpointManager:
         stall: float,
     ) -> SaveStats:
         begin = time.perf_counter()
+        if self._collective is not None:
+            from crashsafe.distributed.saving import save_step
+
+            info = {"crashsafe": _VERSION}
+            manifest, deleted = save_step(
+                self._collective.coord, store, self._planner, step, committed, tree, leaves, arrays, metrics,
+                info, self._retain,
+            )  # fmt: skip
+            for old in deleted:
+                self._bases.pop(old, None)
+            return SaveStats(
+                step, stall, time.perf_counter() - begin, manifest.raw_nbytes, manifest.stored_nbytes
+            )
         writer = StepWriter(store, step)
         try:
             entries = []
@@ -307,6 +335,12 @@ class CheckpointManager:
         persisted = time.perf_counter() - begin  # durable and committed; retention comes after
         self._apply_retention(store, step)
         return SaveStats(step, stall, persisted, manifest.raw_nbytes, manifest.stored_nbytes)
+
+    def _retain(self, manifest: Manifest) -> list[int]:
+        """Rank 0, once a distributed step committed: retention, as for one process."""
+        assert self._store is not None
+        self._bases[manifest.step] = direct_bases(manifest)
+        return self._apply_retention(self._store, manifest.step)
 
     def _apply_retention(self, store: Store, saved: int | None) -> list[int]:
         """Delete what the retention policy drops, except steps a kept step's delta chain needs and
@@ -415,6 +449,8 @@ class CheckpointManager:
     def steps(self) -> list[int]:
         """Committed steps, ascending (of either tier, with a mirror)."""
         with self._reading() as stores:
+            if self._collective is not None:
+                return self._collective.steps(stores[0])
             return sorted({step for steps in listed_steps(stores) for step in steps})
 
     def latest_step(self) -> int | None:
@@ -455,7 +491,10 @@ class CheckpointManager:
             raise UnsupportedStateError(
                 f"restore needs the dict of live objects, got a {type(state).__name__}"
             )
-        loaded = self._load(step, numpy=False)
+        targets = None
+        if self._collective is not None:  # live DTensors: each rank reads the box it holds now
+            targets = {leaf.path: leaf.shard for leaf in flatten(state)[1] if leaf.shard is not None}
+        loaded = self._load(step, numpy=False, targets=targets)
         if loaded is None:
             return None
         found, saved = loaded
@@ -463,12 +502,16 @@ class CheckpointManager:
         apply_into(state, saved)
         return found
 
-    def _load(self, step: int | None, numpy: bool) -> tuple[int, dict[str, Any]] | None:
+    def _load(
+        self, step: int | None, numpy: bool, targets: dict[str, Shard] | None = None
+    ) -> tuple[int, dict[str, Any]] | None:
         """The step asked for, or the newest intact one (None if there is no step at all)."""
         if not self.read_only and not self._closed:
             self._wait_pending()
         with self._reading() as stores:
             try:
+                if self._collective is not None:
+                    return self._collective.load(stores[0], step, numpy, targets)
                 if step is not None:
                     return step, read_state(_holding(stores, step), step, numpy)
                 return newest_intact(stores, numpy, stacklevel=4)
@@ -478,18 +521,9 @@ class CheckpointManager:
 
     # ----------------------------------------------------------------------------- lifecycle
 
-    def _install_sigterm(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            raise CrashsafeError("save_on_sigterm=True must be set up from the main thread")
-
-        def on_sigterm(signum: int, frame: FrameType | None) -> None:
-            self._preempted.set()
-
-        self._previous_handler = signal.signal(signal.SIGTERM, on_sigterm)
-
     def _exit_after_preemption(self) -> None:
         self.close()
-        raise SystemExit(128 + signal.SIGTERM)
+        raise SystemExit(EXIT_STATUS)
 
     def close(self) -> None:
         """Wait for the pending save, stop the background thread and release the lock."""
@@ -502,6 +536,8 @@ class CheckpointManager:
             self._closed = True
             if self._executor is not None:
                 self._executor.shutdown(wait=True)
+            if self._collective is not None:
+                self._collective.close()
             if self._mirror is not None:
                 self._mirror.close()  # the last steps reach the mirror before the job ends
                 self._mirror.report()
@@ -514,9 +550,7 @@ class CheckpointManager:
                 self._lock.release()
             if self._store is not None:
                 self._store.close()
-            if self._previous_handler is not None:
-                with contextlib.suppress(ValueError):
-                    signal.signal(signal.SIGTERM, self._previous_handler)
+            self._sigterm.close()
 
     def __enter__(self) -> CheckpointManager:
         return self
@@ -537,20 +571,3 @@ class CheckpointManager:
 def _holding(stores: list[Store], step: int) -> Store:
     """The first store (local tier first) that holds ``step``; the first one if none does."""
     return next((store for store in stores if step in store.steps()), stores[0])
-
-
-def _clean_metrics(metrics: Mapping[str, Any] | None) -> dict[str, Any]:
-    if metrics is None:
-        return {}
-    if not isinstance(metrics, Mapping):
-        raise UnsupportedStateError(f"metrics must be a dict of numbers, got {metrics!r}")
-    clean: dict[str, Any] = {}
-    for key, value in metrics.items():
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            raise UnsupportedStateError(
-                f"metric {key!r} = {value!r} is not a number; metrics hold numbers only"
-            ) from None
-        clean[str(key)] = number if math.isfinite(number) else repr(number)
-    return clean

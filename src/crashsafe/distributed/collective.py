@@ -1,0 +1,100 @@
+"""The collective side of a CheckpointManager: what every rank calls together.
+
+Rank 0 lists, locks, commits and deletes for everyone; the others follow its answers, so every
+rank sees the same steps and restores the same one. A restore falls back together: if any rank's
+part of the newest step is damaged, every rank goes on to the next older step.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from crashsafe.distributed.group import Coordinator, distributed_group
+from crashsafe.distributed.reading import read_for_rank
+from crashsafe.errors import (
+    CorruptCheckpointError,
+    CorruptCheckpointWarning,
+    CrashsafeError,
+    NoCheckpointError,
+    StorageError,
+)
+from crashsafe.state.tree import Shard
+from crashsafe.storage.base import Store
+
+__all__ = ["Collective", "collective_for"]
+
+_T = TypeVar("_T")
+
+
+def collective_for(process_group: Any, timeout: float, mirror: str | None) -> Collective | None:
+    """The collective side of a manager on ``process_group`` (or the default group when
+    torch.distributed is initialized); None for a single process."""
+    group = distributed_group(process_group)
+    if group is None:
+        return None
+    if mirror is not None:
+        raise CrashsafeError(
+            "mirror= is not supported with a distributed manager yet; write to an object-store URL "
+            "directly (every rank uploads its part)"
+        )
+    return Collective(group, timeout)
+
+
+class Collective:
+    """One manager's ranks on one process group."""
+
+    def __init__(self, group: Any, timeout: float) -> None:
+        self.coord = Coordinator(group, timeout)
+
+    @property
+    def rank(self) -> int:
+        return self.coord.rank
+
+    @property
+    def leader(self) -> bool:
+        return self.coord.leader
+
+    def agree(self, fn: Callable[[], _T], what: str) -> _T:
+        """``fn`` run by rank 0, its result (or its error) on every rank."""
+        return self.coord.agree(fn, what)
+
+    def steps(self, store: Store) -> list[int]:
+        """The committed steps, as rank 0 lists them, on every rank."""
+        return self.agree(store.steps, "listing steps")
+
+    def load(
+        self, store: Store, step: int | None, numpy: bool, targets: dict[str, Shard] | None
+    ) -> tuple[int, dict[str, Any]] | None:
+        """Every rank's part of ``step``, or of the newest step every rank reads intact."""
+        candidates = [step] if step is not None else sorted(self.steps(store), reverse=True)
+        damage = []
+        for candidate in candidates:
+            state, problem = None, None
+            try:
+                state = read_for_rank(store, candidate, self.rank, numpy, targets)
+            except (CorruptCheckpointError, StorageError, NoCheckpointError) as exc:
+                problem = str(exc)
+            problems = self.coord.all_gather(problem, f"reading step {candidate}")
+            bad = "; ".join(f"rank {r}: {p}" for r, p in enumerate(problems) if p is not None)
+            if not bad:
+                assert state is not None
+                return candidate, state
+            if step is not None:
+                raise CorruptCheckpointError(f"step {step} cannot be read by every rank: {bad}")
+            damage.append(bad)
+            warnings.warn(
+                f"skipping damaged checkpoint step {candidate} ({bad}); all ranks fall back to an older one",
+                CorruptCheckpointWarning,
+                stacklevel=4,
+            )
+        if not candidates:
+            return None
+        raise CorruptCheckpointError(
+            f"every checkpoint in {store.location} is damaged for some rank: {'; '.join(damage)}. "
+            "Run `crashsafe verify` for details."
+        )
+
+    def close(self) -> None:
+        self.coord.close()

@@ -1,0 +1,99 @@
+"""How the ranks of a distributed manager talk: their own gloo group, with a timeout.
+
+Coordination (who writes what, every rank's payloads to the committing rank, the commit's outcome)
+runs on a process group of its own, so that background persists never block or reorder the
+training's collectives, and on gloo, so that it works beside any training backend. Every exchange
+has a deadline: a rank that died or hangs makes the others fail with CoordinationError within the
+timeout, never hang.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from crashsafe.errors import CoordinationError
+
+__all__ = ["DEFAULT_TIMEOUT", "Coordinator", "distributed_group"]
+
+DEFAULT_TIMEOUT = 300.0  # seconds a rank waits for the others at each exchange
+_T = TypeVar("_T")
+
+
+def distributed_group(process_group: Any) -> Any | None:
+    """The process group a manager is collective over: the one given, else the default group when
+    torch.distributed is initialized, else None (a single process)."""
+    if process_group is not None:
+        return process_group
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return None
+    if dist.is_available() and dist.is_initialized():
+        return dist.group.WORLD
+    return None
+
+
+class Coordinator:
+    """Object exchanges among the ranks of ``group`` on a gloo group of their own."""
+
+    def __init__(self, group: Any, timeout: float = DEFAULT_TIMEOUT) -> None:
+        import torch.distributed as dist
+
+        self._dist = dist
+        self.timeout = timeout
+        self.rank: int = dist.get_rank(group)
+        self.world: int = dist.get_world_size(group)
+        ranks = dist.get_process_group_ranks(group)
+        self._global_ranks = ranks
+        self.group = dist.new_group(ranks=ranks, backend="gloo", timeout=datetime.timedelta(seconds=timeout))
+
+    @property
+    def leader(self) -> bool:
+        """Rank 0 of the group: it locks, commits, deletes and lists for everyone."""
+        return self.rank == 0
+
+    def all_gather(self, obj: Any, what: str) -> list[Any]:
+        """Every rank's ``obj``, in rank order."""
+        out: list[Any] = [None] * self.world
+        self._run(lambda: self._dist.all_gather_object(out, obj, group=self.group), what)
+        return out
+
+    def broadcast(self, obj: Any, what: str) -> Any:
+        """Rank 0's ``obj`` on every rank."""
+        box = [obj]
+        self._run(
+            lambda: self._dist.broadcast_object_list(box, src=self._global_ranks[0], group=self.group), what
+        )
+        return box[0]
+
+    def agree(self, fn: Callable[[], _T], what: str) -> _T:
+        """Run ``fn`` on rank 0 and give every rank its result, or raise its error on every rank."""
+        result: Any = None
+        if self.leader:
+            try:
+                result = ("ok", fn())
+            except Exception as exc:  # every rank must hear of it, or the others would wait forever
+                result = ("error", exc)
+        outcome = self.broadcast(result, what)
+        if outcome[0] == "error":
+            error = outcome[1]
+            raise error if isinstance(error, Exception) else CoordinationError(str(error))
+        value: _T = outcome[1]
+        return value
+
+    def _run(self, op: Callable[[], Any], what: str) -> None:
+        try:
+            op()
+        except RuntimeError as exc:
+            raise CoordinationError(
+                f"{what}: the ranks did not all answer within {self.timeout:.0f} s ({exc}). A rank died "
+                "or hangs; nothing was committed. Restart the job (the next writer cleans up)"
+            ) from None
+
+    def close(self) -> None:
+        """Leave the coordination group (a collective: every rank calls it)."""
+        if self.group is not None:
+            self._dist.destroy_process_group(self.group)
+            self.group = None

@@ -1,0 +1,172 @@
+"""One distributed step: every rank writes its part, rank 0 commits the whole, or nobody does.
+
+In each rank's background persist thread:
+
+1. every rank offers its arrays (path, fingerprint, bytes) and rank 0 names the attempt; from the
+   gathered offers every rank computes the same plan (:mod:`crashsafe.distributed.plan`);
+2. each rank encodes and writes the arrays it was given into its own file of the step's shared
+   temporary place, and makes it durable;
+3. every rank's payload entries, tree and file sizes go to rank 0, which writes the global manifest
+   (per-rank trees pointing at the payloads they use) and commits it with the store's protocol
+   (rename, or manifest last), then applies retention;
+4. rank 0's outcome goes to every rank: all ranks see the step committed, or all see the error.
+
+A rank that dies at any point makes the others fail at the next exchange with CoordinationError
+(within the coordination timeout), and no step is committed: the temporary place is a leftover
+that the next writer removes.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import xxhash
+
+from crashsafe.distributed.group import Coordinator
+from crashsafe.distributed.plan import Offer, assign
+from crashsafe.encoding import SavePlanner
+from crashsafe.errors import CoordinationError, CrashsafeError
+from crashsafe.format.manifest import Manifest, PayloadEntry
+from crashsafe.state.tree import ArrayLeaf
+from crashsafe.storage.base import Store
+from crashsafe.storage.writer import StepWriter
+
+__all__ = ["save_step"]
+
+
+def _offer(leaf: ArrayLeaf, array: np.ndarray[Any, Any]) -> Offer:
+    digest = xxhash.xxh3_64(array.reshape(-1).view(np.uint8).data)
+    digest.update(repr((leaf.kind, leaf.dtype, leaf.shape, leaf.shard)).encode())
+    return Offer(leaf.path, digest.hexdigest(), leaf.nbytes)
+
+
+def save_step(
+    coord: Coordinator,
+    store: Store,
+    planner: SavePlanner,
+    step: int,
+    committed: frozenset[int],
+    tree: dict[str, Any],
+    leaves: list[ArrayLeaf],
+    arrays: list[np.ndarray[Any, Any]],
+    metrics: dict[str, Any],
+    info: dict[str, Any],
+    retain: Callable[[Manifest], list[int]],
+) -> tuple[Manifest, list[int]]:
+    """Save this rank's part of ``step`` and commit the whole with the other ranks; return the
+    committed manifest and the steps retention deleted (the same on every rank)."""
+    token = secrets.token_hex(8) if coord.leader else None
+    offers = [_offer(leaf, array) for leaf, array in zip(leaves, arrays, strict=True)]
+    gathered = coord.all_gather((token, offers), f"planning step {step}")
+    attempt = gathered[0][0]
+    plan = assign([rank_offers for _, rank_offers in gathered])
+    writer, entries, problem = _write_part(
+        coord, store, planner, step, committed, leaves, arrays, plan, attempt
+    )
+    reports = coord.all_gather(
+        (problem, {i: e.to_json() for i, e in entries.items()}, tree, writer.files() if writer else {}),
+        f"committing step {step}",
+    )
+
+    def commit() -> tuple[Manifest, list[int]]:
+        failed = [f"rank {r}: {report[0]}" for r, report in enumerate(reports) if report[0] is not None]
+        if failed:
+            raise CoordinationError(
+                f"step {step} was not committed: " + "; ".join(failed) + ". Committed checkpoints are intact"
+            )
+        assert writer is not None
+        manifest = _global_manifest(step, reports, plan.writer, metrics, info)
+        writer.commit(manifest)
+        return manifest, retain(manifest)
+
+    try:
+        outcome = coord.agree(commit, f"committing step {step}")
+    except BaseException:
+        planner.reset()
+        if writer is not None:
+            writer.abort()
+        raise
+    if writer is not None and not coord.leader:
+        writer.close()
+    planner.committed()
+    return outcome
+
+
+def _write_part(
+    coord: Coordinator,
+    store: Store,
+    planner: SavePlanner,
+    step: int,
+    committed: frozenset[int],
+    leaves: list[ArrayLeaf],
+    arrays: list[np.ndarray[Any, Any]],
+    plan: Any,
+    attempt: str,
+) -> tuple[StepWriter | None, dict[int, PayloadEntry], str | None]:
+    """Write the arrays the plan gives this rank; a failure is returned, not raised, so that the
+    other ranks hear of it at the next exchange instead of waiting for this one."""
+    writer = None
+    entries: dict[int, PayloadEntry] = {}
+    try:
+        writer = StepWriter(store, step, attempt=attempt, part=f"r{coord.rank}")
+        for i in plan.writes(coord.rank):
+            leaf, array = leaves[i], arrays[i]
+            encoded = planner.encode(leaf, array, step, committed)
+            file, offset, nbytes, digest = writer.write_payload(encoded.payload)
+            config = encoded.codec.get_config()
+            shard = None if leaf.shard is None else (leaf.shard.global_shape, leaf.shard.offset)
+            entries[i] = PayloadEntry(
+                leaf.path, leaf.kind, leaf.dtype, leaf.shape, file, offset, nbytes, digest, config,
+                encoded.base, coord.rank, shard,
+            )  # fmt: skip
+        writer.persist()
+    except (CrashsafeError, OSError) as exc:
+        return writer, entries, str(exc)
+    return writer, entries, None
+
+
+def _global_manifest(
+    step: int,
+    reports: list[Any],
+    writer_of: dict[tuple[int, int], tuple[int, int]],
+    metrics: dict[str, Any],
+    info: dict[str, Any],
+) -> Manifest:
+    """Every rank's payloads in one table, and every rank's tree pointing into it."""
+    payloads: list[PayloadEntry] = []
+    index: dict[tuple[int, int], int] = {}
+    files: dict[str, int] = {}
+    for rank, (_, entries, _, rank_files) in enumerate(reports):
+        files.update(rank_files)
+        for i, body in sorted(entries.items()):
+            index[rank, i] = len(payloads)
+            payloads.append(_entry(body))
+    trees = [_renumbered(tree, rank, index, writer_of) for rank, (_, _, tree, _) in enumerate(reports)]
+    return Manifest(step, time.time(), trees[0], tuple(payloads), files, metrics, info, tuple(trees[1:]))
+
+
+def _entry(body: dict[str, Any]) -> PayloadEntry:
+    shard = body.get("shard")
+    return PayloadEntry(
+        body["path"], body["kind"], body["dtype"], tuple(body["shape"]), body["file"], body["offset"],
+        body["nbytes"], body["xxh3"], body["codec"], body.get("base"), body["rank"],
+        None if shard is None else (tuple(shard["global"]), tuple(shard["offset"])),
+    )  # fmt: skip
+
+
+def _renumbered(
+    node: Any, rank: int, index: dict[tuple[int, int], int], writer_of: dict[tuple[int, int], tuple[int, int]]
+) -> Any:
+    """A copy of ``rank``'s state tree whose array nodes point at the global payload table: its
+    array ``i`` is the payload its writer wrote for it."""
+    if isinstance(node, dict):
+        if node.get("t") == "array":
+            return {"t": "array", "id": index[writer_of[rank, node["id"]]]}
+        return {k: _renumbered(v, rank, index, writer_of) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_renumbered(v, rank, index, writer_of) for v in node]
+    return node
