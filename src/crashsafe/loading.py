@@ -12,7 +12,8 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from crashsafe.chain import read_step
+from crashsafe.chain import ChainReader
+from crashsafe.distributed.shards import Targets, read_sharded
 from crashsafe.errors import (
     CorruptCheckpointError,
     CorruptCheckpointWarning,
@@ -25,24 +26,56 @@ from crashsafe.state.rebuild import to_value, unflatten
 from crashsafe.storage.base import Store
 from crashsafe.storage.oserror import storage_error
 
-__all__ = ["READ_ATTEMPTS", "listed_steps", "newest_intact", "read_state"]
+__all__ = ["ARRAY_NODES", "READ_ATTEMPTS", "array_ids", "listed_steps", "newest_intact", "read_state"]
 
 READ_ATTEMPTS = 5  # listings tried when every step tried vanished
+ARRAY_NODES = ("array", "view")  # tree nodes that point at a payload by its index
 
 
-def read_state(store: Store, step: int, numpy: bool) -> dict[str, Any]:
-    """The state saved as ``step``: tensors (or numpy arrays), arrays and python values, verified."""
+def read_state(
+    store: Store, step: int, numpy: bool, rank: int = 0, targets: Targets | None = None
+) -> dict[str, Any]:
+    """The state ``rank`` saved as ``step`` (rank 0's for a rank the step did not have): tensors (or
+    numpy arrays), arrays and python values, verified; only the payloads its tree uses are read.
+    A DTensor's shards are assembled whole, or cut to ``targets[path]`` (the box of the live DTensor
+    it is restored into, any N ranks onto any M)."""
     try:
-        manifest, arrays = read_step(store, step)
+        with ChainReader(store) as chains:
+            manifest = chains.manifest(step)
+            tree = manifest.tree_of(rank)
+            values: list[Any] = [None] * len(manifest.payloads)  # a tree asks only for the arrays it uses
+            for i in sorted(array_ids(tree)):
+                entry = manifest.payloads[i]
+                if entry.shard is None:
+                    values[i] = to_value(entry.kind, entry.dtype, chains.decode(step, entry), numpy)
+                else:
+                    target = None if targets is None else targets.get(entry.path)
+                    values[i] = read_sharded(chains, manifest, entry, target, numpy)
     except OSError as exc:
         if isinstance(exc, CrashsafeError):
             raise
         raise storage_error(exc, f"reading step {step} from {store.location}") from None
-    values = [to_value(e.kind, e.dtype, a, numpy) for e, a in zip(manifest.payloads, arrays, strict=True)]
-    state = unflatten(manifest.tree, values)
+    state = unflatten(tree, values)
     if not isinstance(state, dict):
         raise CorruptCheckpointError(f"step {step}: the saved state is not a dict")
     return state
+
+
+def array_ids(node: Any) -> set[int]:
+    """The payloads an (already validated) state tree uses: its array and view nodes."""
+    if isinstance(node, dict):
+        if node.get("t") in ARRAY_NODES:
+            return {node["id"]}
+        found: set[int] = set()
+        for value in node.values():
+            found |= array_ids(value)
+        return found
+    if isinstance(node, list):
+        found = set()
+        for value in node:
+            found |= array_ids(value)
+        return found
+    return set()
 
 
 def listed_steps(stores: Sequence[Store], stacklevel: int = 2) -> list[list[int]]:

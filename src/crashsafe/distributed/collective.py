@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from crashsafe.distributed.group import Coordinator, distributed_group
-from crashsafe.distributed.reading import read_for_rank
+from crashsafe.distributed.shards import Targets
 from crashsafe.errors import (
     CorruptCheckpointError,
     CorruptCheckpointWarning,
@@ -20,7 +20,7 @@ from crashsafe.errors import (
     NoCheckpointError,
     StorageError,
 )
-from crashsafe.state.tree import Shard
+from crashsafe.loading import read_state
 from crashsafe.storage.base import Store
 
 __all__ = ["Collective", "collective_for"]
@@ -65,7 +65,7 @@ class Collective:
         return self.agree(store.steps, "listing steps")
 
     def load(
-        self, store: Store, step: int | None, numpy: bool, targets: dict[str, Shard] | None
+        self, store: Store, step: int | None, numpy: bool, targets: Targets | None
     ) -> tuple[int, dict[str, Any]] | None:
         """Every rank's part of ``step``, or of the newest step every rank reads intact."""
         candidates = [step] if step is not None else sorted(self.steps(store), reverse=True)
@@ -73,7 +73,7 @@ class Collective:
         for candidate in candidates:
             state, problem = None, None
             try:
-                state = read_for_rank(store, candidate, self.rank, numpy, targets)
+                state = read_state(store, candidate, numpy, self.rank, targets)
             except (CorruptCheckpointError, StorageError, NoCheckpointError) as exc:
                 problem = str(exc)
             problems = self.coord.all_gather(problem, f"reading step {candidate}")

@@ -31,6 +31,7 @@ from crashsafe.distributed.plan import Offer, assign
 from crashsafe.encoding import SavePlanner
 from crashsafe.errors import CoordinationError, CrashsafeError
 from crashsafe.format.manifest import Manifest, PayloadEntry
+from crashsafe.loading import ARRAY_NODES
 from crashsafe.state.tree import ArrayLeaf
 from crashsafe.storage.base import Store
 from crashsafe.storage.writer import StepWriter
@@ -164,8 +165,8 @@ def _renumbered(
     """A copy of ``rank``'s state tree whose array nodes point at the global payload table: its
     array ``i`` is the payload its writer wrote for it."""
     if isinstance(node, dict):
-        if node.get("t") == "array":
-            return {"t": "array", "id": index[writer_of[rank, node["id"]]]}
+        if node.get("t") in ARRAY_NODES:  # an array, or a view into one
+            return {**node, "id": index[writer_of[rank, node["id"]]]}
         return {k: _renumbered(v, rank, index, writer_of) for k, v in node.items()}
     if isinstance(node, list):
         return [_renumbered(v, rank, index, writer_of) for v in node]

@@ -14,9 +14,14 @@ from typing import Any
 
 import numpy as np
 
+from crashsafe.chain import ChainReader
 from crashsafe.errors import CorruptCheckpointError
+from crashsafe.format.dtypes import storage_dtype
+from crashsafe.format.manifest import Manifest, PayloadEntry
+from crashsafe.state.rebuild import to_value
+from crashsafe.state.tree import Shard
 
-__all__ = ["Box", "check_tiling", "fill"]
+__all__ = ["Box", "Targets", "check_tiling", "fill", "live_targets", "read_sharded"]
 
 Box = tuple[tuple[int, ...], tuple[int, ...]]  # (offset, shape)
 
@@ -55,3 +60,110 @@ def fill(out: np.ndarray[Any, Any], out_box: Box, pieces: Sequence[tuple[Box, np
         both = _overlap(out_box, box)
         if both is not None:
             out[both[0]] = array.reshape(box[1])[both[1]]
+
+
+def read_sharded(
+    chains: ChainReader, manifest: Manifest, entry: PayloadEntry, target: Shard | None, numpy: bool
+) -> Any:
+    """The array a sharded payload is part of: every rank's shards of it assembled whole, or cut to
+    ``target`` (a live DTensor's box, returned as a DTensor), decoding only the shards it meets."""
+    assert entry.shard is not None
+    whole = entry.shard[0]
+    parts = [
+        p for p in manifest.payloads if p.path == entry.path and p.shard is not None and p.shard[0] == whole
+    ]
+    boxes: list[Box] = [(p.shard[1], p.shape) for p in parts if p.shard is not None]
+    check_tiling(whole, boxes, f"checkpoint step {manifest.step}: array '{entry.path}'")
+    cut = target is not None and target.global_shape == whole
+    box: Box = (
+        (target.offset, _box_shape(target)) if cut and target is not None else ((0,) * len(whole), whole)
+    )
+    out = np.empty(box[1], dtype=storage_dtype(entry.dtype))
+    pieces = [
+        (b, chains.decode(manifest.step, p)) for p, b in zip(parts, boxes, strict=True) if _meets(box, b)
+    ]
+    fill(out, box, pieces)
+    value = to_value(entry.kind, entry.dtype, out, numpy)
+    if cut and target is not None and not numpy:
+        return _as_dtensor(value, target)
+    return value
+
+
+def _box_shape(target: Shard) -> tuple[int, ...]:
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    shape, _ = compute_local_shape_and_global_offset(target.global_shape, target.mesh, target.placements)
+    return tuple(shape)
+
+
+def _meets(a: Box, b: Box) -> bool:
+    return math.prod(b[1]) > 0 and _overlap(a, b) is not None
+
+
+def _as_dtensor(local: Any, target: Shard) -> Any:
+    """The local box as a DTensor of the live tensor's mesh and placements."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    whole = target.global_shape
+    stride = tuple(math.prod(whole[i + 1 :]) for i in range(len(whole)))
+    return DTensor.from_local(
+        local, target.mesh, target.placements, run_check=False, shape=torch.Size(whole), stride=stride
+    )
+
+
+class Targets:
+    """Where the live state wants each sharded array: the boxes of its DTensors, by path.
+
+    An optimizer's state follows its parameters' sharding but does not exist before its first step,
+    so a fresh optimizer's state is placed like the parameter it belongs to
+    (``<optimizer path>.state.<i>.*`` like parameter ``i``).
+    """
+
+    def __init__(self, exact: dict[str, Shard], by_prefix: dict[str, Shard]) -> None:
+        self.exact = exact
+        self.by_prefix = by_prefix
+
+    def get(self, path: str) -> Shard | None:
+        found = self.exact.get(path)
+        if found is None:
+            prefix, _, _ = path.rpartition(".")
+            found = self.by_prefix.get(prefix + ".")
+        return found
+
+
+def live_targets(state: Any, leaves: Sequence[Any]) -> Targets:
+    """The targets of a live state: its DTensor leaves, and its optimizers' parameters."""
+    exact = {leaf.path: leaf.shard for leaf in leaves if leaf.shard is not None}
+    by_prefix: dict[str, Shard] = {}
+    for path, optimizer in _optimizers(state, ()):
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        for i, param in enumerate(params):
+            shard = _shard_of(param)
+            if shard is not None:
+                by_prefix[".".join(map(str, (*path, "state", i))) + "."] = shard
+    return Targets(exact, by_prefix)
+
+
+def _optimizers(value: Any, path: tuple[Any, ...], depth: int = 0) -> list[tuple[tuple[Any, ...], Any]]:
+    import torch
+
+    if isinstance(value, torch.optim.Optimizer):
+        return [(path, value)]
+    if depth > 64:
+        return []
+    if isinstance(value, dict):
+        return [found for k, v in value.items() for found in _optimizers(v, (*path, k), depth + 1)]
+    if isinstance(value, (list, tuple)):
+        return [found for i, v in enumerate(value) for found in _optimizers(v, (*path, i), depth + 1)]
+    return []
+
+
+def _shard_of(tensor: Any) -> Shard | None:
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    if not isinstance(tensor, DTensor):
+        return None
+    _, offset = compute_local_shape_and_global_offset(tensor.shape, tensor.device_mesh, tensor.placements)
+    return Shard(tuple(tensor.shape), tuple(int(o) for o in offset), tensor.device_mesh, tensor.placements)

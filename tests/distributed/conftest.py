@@ -1,0 +1,78 @@
+"""Launch the ranks of a real torch.distributed job (gloo on 127.0.0.1) as separate processes."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SCRIPTS = Path(__file__).parent / "scripts"
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class Ranks:
+    """The processes of one launch of a job: one per rank."""
+
+    def __init__(self, script: str, world: int, args: list[Any], tmp: Path) -> None:
+        port = free_port()
+        self.procs = []
+        for rank in range(world):
+            env = {
+                **os.environ, "PYTHONPATH": str(SRC), "PYTHONUNBUFFERED": "1", "RANK": str(rank),
+                "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                "OMP_NUM_THREADS": "1",
+            }  # fmt: skip
+            log = open(tmp / f"rank{rank}-{port}.log", "w")  # noqa: SIM115 - closed in wait()
+            proc = subprocess.Popen(
+                [sys.executable, str(SCRIPTS / script), *map(str, args)], env=env, stdout=subprocess.PIPE,
+                stderr=log, text=True,
+            )  # fmt: skip
+            self.procs.append((proc, log))
+
+    def wait(self, timeout: float = 120) -> list[int]:
+        codes = []
+        for proc, log in self.procs:
+            try:
+                codes.append(proc.wait(timeout))
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+                if proc.stdout:
+                    proc.stdout.close()
+                log.close()
+        return codes
+
+    def kill(self, ranks: list[int] | None = None) -> None:
+        for rank, (proc, _) in enumerate(self.procs):
+            if ranks is None or rank in ranks:
+                proc.kill()
+
+
+@pytest.fixture
+def launch(tmp_path: Path) -> Iterator[Any]:
+    """``launch(script, world, *args)`` starts the ranks; every launch is killed at teardown."""
+    started: list[Ranks] = []
+
+    def start(script: str, world: int, *args: Any) -> Ranks:
+        ranks = Ranks(script, world, list(args), tmp_path)
+        started.append(ranks)
+        return ranks
+
+    yield start
+    for ranks in started:
+        ranks.kill()
+        ranks.wait(10)

@@ -1,0 +1,74 @@
+"""One rank of a small DDP or FSDP2 training job that checkpoints with crashsafe.
+
+Usage (env RANK, WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT set by the test):
+    job.py KIND DIR STEPS EVERY OUT [TIMEOUT]
+KIND is ddp or fsdp. The job restores from DIR (if a step is there), trains to STEPS saving every
+EVERY steps, and rank 0 writes the final full model and optimizer state to OUT (.npz). Batches are
+drawn from (step, rank), so a resumed run sees the same data as an uninterrupted one. Prints
+"step N" after each step and "resumed N" at start.
+"""
+
+import os
+import sys
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from crashsafe.manager import CheckpointManager
+from crashsafe.state.rng import RNGState
+
+
+def build(kind: str, world: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 6))
+    if kind == "fsdp":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh("cpu", (world,))
+        for layer in model:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+    else:
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+
+def full(value: torch.Tensor) -> np.ndarray:
+    tensor = value.full_tensor() if hasattr(value, "full_tensor") else value
+    return tensor.detach().numpy().copy()
+
+
+def main() -> None:
+    kind, directory, steps, every, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+    timeout = float(sys.argv[6]) if len(sys.argv) > 6 else 60.0
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model, optim = build(kind, world)
+    state = {"model": model, "optim": optim, "rng": RNGState(), "step": 0}
+    with CheckpointManager(directory, keep_last=2, coordination_timeout=timeout) as mgr:
+        mgr.restore(state)
+        print(f"resumed {state['step']}", flush=True)
+        while state["step"] < steps:
+            step = state["step"]
+            g = torch.Generator().manual_seed(1000 * step + rank)
+            x, noise = torch.randn(16, 8, generator=g), torch.randn(16, 6) * 0.01  # rng used: restored exactly
+            optim.zero_grad()
+            (model(x) + noise).pow(2).mean().backward()
+            optim.step()
+            state["step"] = step + 1
+            if state["step"] % every == 0:
+                mgr.save(state["step"], state)
+            print(f"step {state['step']}", flush=True)
+    arrays = {f"model.{k}": full(v) for k, v in model.state_dict().items()}
+    for i, slots in optim.state_dict()["state"].items():
+        arrays.update({f"optim.{i}.{k}": full(v) for k, v in slots.items()})
+    if rank == 0:
+        np.savez(out, **arrays)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
