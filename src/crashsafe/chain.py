@@ -26,7 +26,8 @@ from crashsafe.codecs.registry import get_codec
 from crashsafe.errors import CodecError, CorruptCheckpointError, NoCheckpointError
 from crashsafe.format.dtypes import storage_dtype
 from crashsafe.format.manifest import Manifest, PayloadEntry
-from crashsafe.policies.retention import steps_to_delete
+from crashsafe.policies.keep import KeepPolicy, StepFacts
+from crashsafe.step_facts import facts_lookup
 from crashsafe.storage.base import Store
 from crashsafe.storage.reader import StepReader, read_manifest
 
@@ -69,18 +70,21 @@ def protected_steps(
 
 def doomed_steps(
     store: Store,
-    keep_last: int | None,
-    keep_every: int | None,
+    policy: KeepPolicy | None,
     known: MutableMapping[int, frozenset[int]] | None = None,
     keep: Iterable[int] = (),
+    facts: MutableMapping[int, StepFacts] | None = None,
 ) -> list[int]:
-    """Committed steps retention may delete: those the policy drops, minus the steps in ``keep``
-    and every delta base a kept step still needs (``known`` as in :func:`protected_steps`)."""
-    steps = store.steps()
-    pinned = frozenset(keep)
-    dropped = set(steps_to_delete(steps, keep_last, keep_every, pinned))
-    needed = protected_steps(store, [s for s in steps if s not in dropped], known)
-    return steps_to_delete(steps, keep_last, keep_every, needed | pinned)
+    """Committed steps retention may delete: all but those ``policy`` keeps (None keeps every step),
+    the newest, the steps in ``keep``, and every delta base a kept step still needs. ``known`` and
+    ``facts`` cache each step's delta bases and facts across calls (:func:`protected_steps`,
+    :func:`~crashsafe.step_facts.facts_lookup`): manifests are read once, and only when needed."""
+    steps = sorted(store.steps())
+    if policy is None or not steps:
+        return []
+    kept = {steps[-1], *keep, *policy.keep(steps, facts_lookup(store, steps, facts))} & set(steps)
+    needed = protected_steps(store, kept, known)
+    return [s for s in steps if s not in kept and s not in needed]
 
 
 def read_step(store: Store, step: int) -> tuple[Manifest, list[np.ndarray[Any, Any]]]:

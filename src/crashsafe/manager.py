@@ -23,7 +23,6 @@ from crashsafe._metrics import clean_metrics
 from crashsafe.chain import direct_bases, doomed_steps, protected_steps
 from crashsafe.distributed.collective import collective_for
 from crashsafe.distributed.group import DEFAULT_TIMEOUT
-from crashsafe.distributed.shards import Targets, live_targets
 from crashsafe.encoding import CodecSpec, SavePlanner
 from crashsafe.errors import (
     CheckpointExistsError,
@@ -37,11 +36,13 @@ from crashsafe.format.manifest import MAX_STEP, Manifest, PayloadEntry
 from crashsafe.loading import listed_steps, newest_intact, read_state
 from crashsafe.mirroring import Mirror
 from crashsafe.policies.base import EverySteps, SaveContext, SavePolicy
-from crashsafe.policies.retention import validate_retention
+from crashsafe.policies.keep import Mode, StepFacts
+from crashsafe.policies.retention import UNSET, KeepSpec, Unset, retention_policy
 from crashsafe.preemption import EXIT_STATUS, SigtermWatch
 from crashsafe.state.rebuild import apply_into, check_into
 from crashsafe.state.staging import StagingPool, view_bytes
-from crashsafe.state.tree import ArrayLeaf, flatten
+from crashsafe.state.tree import ArrayLeaf, Shard, flatten
+from crashsafe.step_facts import StepSpec, best_step, pick_step
 from crashsafe.storage.base import Lock, Store
 from crashsafe.storage.reader import read_manifest
 from crashsafe.storage.stores import is_url, open_store
@@ -69,8 +70,9 @@ class CheckpointManager:
     Args:
         directory: where checkpoints live: a local directory (created if missing), or an fsspec
             URL such as ``s3://bucket/run`` (see docs/storage.md).
-        keep_last: keep the newest N committed steps (None keeps all).
-        keep_every: also keep every step that is a multiple of this.
+        keep: a keep policy, e.g. ``KeepLast(5) | KeepBest(3, "val_loss")`` (docs/policies.md); the
+            newest step is always kept. Or the shorthands ``keep_last`` (default 3; None keeps all)
+            and ``keep_every``: ``KeepLast(keep_last) | KeepEvery(keep_every)``.
         async_save: persist in a background thread after a memcpy snapshot.
         codec: one codec (``"raw"``, ``"zstd"``, a Codec) or ``{glob: codec}`` by state path, most
             specific pattern first. Lossy codecs (``LC``, ``Scar``, ``TopN``) only take float
@@ -86,7 +88,7 @@ class CheckpointManager:
         mirror: a second tier, usually ``s3://bucket/run``: each step committed locally is copied
             there in the background, verified after upload; ``restore`` takes the newest intact
             step of either tier, so a new machine with an empty ``directory`` resumes from it.
-        mirror_keep_last, mirror_keep_every: the mirror's own retention (default: keep all).
+        mirror_keep, mirror_keep_last, mirror_keep_every: the mirror's retention (default: keep all).
         process_group: with torch.distributed initialized (or this group given) the manager is
             collective: every rank constructs it and calls save/restore/load/steps alike; each rank
             writes its part and rank 0 commits the step for all (docs/distributed.md).
@@ -98,7 +100,8 @@ class CheckpointManager:
         self,
         directory: str | os.PathLike[str],
         *,
-        keep_last: int | None = 3,
+        keep: KeepSpec = None,
+        keep_last: int | Unset | None = UNSET,
         keep_every: int | None = None,
         async_save: bool = True,
         codec: CodecSpec = None,
@@ -108,23 +111,23 @@ class CheckpointManager:
         save_on_sigterm: bool = False,
         storage_options: Mapping[str, Any] | None = None,
         mirror: str | os.PathLike[str] | None = None,
-        mirror_keep_last: int | None = None,
+        mirror_keep: KeepSpec = None,
+        mirror_keep_last: int | Unset | None = UNSET,
         mirror_keep_every: int | None = None,
         process_group: Any = None,
         coordination_timeout: float = DEFAULT_TIMEOUT,
     ) -> None:
-        validate_retention(keep_last, keep_every)
-        validate_retention(mirror_keep_last, mirror_keep_every)
+        self.keep = retention_policy(keep, keep_last, keep_every, default_last=3)  # None: keep every step
+        self._mirror_keep = retention_policy(mirror_keep, mirror_keep_last, mirror_keep_every, "mirror_")
         self.directory = os.fspath(directory)
         self.mirror = None if mirror is None else os.fspath(mirror)
         self._storage_options = dict(storage_options or {})
-        self.keep_last = keep_last
-        self.keep_every = keep_every
         self.async_save = async_save
         self.read_only = read_only
         self.policy: SavePolicy = policy if policy is not None else EverySteps(1)
         self._planner = SavePlanner(codec, lossless)
         self._bases: dict[int, frozenset[int]] = {}  # step -> steps its deltas need (cache)
+        self._facts: dict[int, StepFacts] = {}  # step -> its commit time and metrics (cache)
         self._lock: Lock | None = None
         self._store: Store | None = None  # a writer's store, held open for its lifetime
         self._mirror: Mirror | None = None
@@ -145,9 +148,9 @@ class CheckpointManager:
             return
         try:
             if self._collective is None:
-                self._open_writer(mirror_keep_last, mirror_keep_every)
+                self._open_writer()
             else:  # rank 0 creates, locks and cleans; then the others open what it made
-                self._collective.agree(lambda: self._open_writer(None, None), f"opening {self.directory}")
+                self._collective.agree(self._open_writer, f"opening {self.directory}")
                 if not self._collective.leader:
                     self._store = self._open(self.directory)
         except BaseException:
@@ -157,13 +160,13 @@ class CheckpointManager:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="crashsafe-persist")
         self._sigterm = SigtermWatch(save_on_sigterm)
 
-    def _open_writer(self, mirror_keep_last: int | None, mirror_keep_every: int | None) -> None:
+    def _open_writer(self) -> None:
         self._store = self._open(self.directory, create=True)
         self._lock = self._store.lock()
         self._store.remove_leftovers(self._store.leftovers())
         if self.mirror is not None:
             remote = self._open(self.mirror, create=True)
-            self._mirror = Mirror(self._store, remote, mirror_keep_last, mirror_keep_every)
+            self._mirror = Mirror(self._store, remote, self._mirror_keep)
 
     # ----------------------------------------------------------------------------- saving
 
@@ -350,7 +353,7 @@ class CheckpointManager:
         keep = {saved} if saved is not None else set()
         if self._mirror is not None:
             keep |= self._mirror.unmirrored()
-        doomed = doomed_steps(store, self.keep_last, self.keep_every, self._bases, keep=keep)
+        doomed = doomed_steps(store, self.keep, self._bases, keep=keep, facts=self._facts)
         self._delete(store, doomed)
         return doomed
 
@@ -386,7 +389,7 @@ class CheckpointManager:
         store = self._writable()
         self._wait_pending()
         self._check_store(store, "collecting garbage")
-        doomed = set(doomed_steps(store, self.keep_last, self.keep_every, self._bases))
+        doomed = set(doomed_steps(store, self.keep, self._bases, facts=self._facts))
         if delete_damaged:
             doomed |= {r.step for r in verify(self.directory, storage_options=self._storage_options).damaged}
         self._delete(store, sorted(doomed))
@@ -459,6 +462,13 @@ class CheckpointManager:
         steps = self.steps()
         return steps[-1] if steps else None
 
+    def best_step(self, metric: str, mode: Mode = "min") -> int | None:
+        """The committed step with the best ``metric`` (``"min"``: lowest, ``"max"``: highest; ties: the
+        newest), of either tier; None if there is no step, NoCheckpointError if none records it."""
+        self._wait_pending()
+        with self._reading() as stores:
+            return best_step(stores, listed_steps(stores), metric, mode)
+
     def manifest(self, step: int | None = None) -> Manifest:
         """The validated manifest of ``step`` (default: the newest)."""
         with self._reading() as stores:
@@ -469,19 +479,29 @@ class CheckpointManager:
                 step = steps[-1]
             return read_manifest(_holding(stores, step), step)
 
-    def load(self, step: int | None = None, *, numpy: bool = False) -> dict[str, Any]:
+    def load(
+        self, step: StepSpec = None, *, numpy: bool = False, metric: str | None = None, mode: Mode = "min"
+    ) -> dict[str, Any]:
         """The state as saved: tensors, arrays and python values, checksums verified.
 
         With ``step=None`` the newest intact step is read; damaged newer steps are skipped with a
-        :class:`CorruptCheckpointWarning`. An explicit damaged ``step`` raises.
+        :class:`CorruptCheckpointWarning`. An explicit damaged ``step`` raises; so does ``step="best"``
+        (the :meth:`best_step` by ``metric`` and ``mode``).
         """
-        loaded = self._load(step, numpy)
+        loaded = self._load(pick_step(step, metric, mode, self.best_step), numpy)
         if loaded is None:
             raise NoCheckpointError(f"no committed checkpoint in {self.directory}; nothing to load")
         return loaded[1]
 
-    def restore(self, state: MutableMapping[str, Any], step: int | None = None) -> int | None:
-        """Load a checkpoint into ``state`` in place; return its step, or None if there is none.
+    def restore(
+        self,
+        state: MutableMapping[str, Any],
+        step: StepSpec = None,
+        *,
+        metric: str | None = None,
+        mode: Mode = "min",
+    ) -> int | None:
+        """Load a checkpoint (``step`` as for :meth:`load`) into ``state``; return its step, or None if none.
 
         Modules, optimizers and schedulers get ``load_state_dict``; tensors and arrays are copied
         into; python values in dicts and lists are replaced. Mismatches are refused before anything
@@ -494,8 +514,8 @@ class CheckpointManager:
             )
         targets = None
         if self._collective is not None:  # live DTensors: each rank reads the box it holds now
-            targets = live_targets(state, flatten(state)[1])
-        loaded = self._load(step, numpy=False, targets=targets)
+            targets = {leaf.path: leaf.shard for leaf in flatten(state)[1] if leaf.shard is not None}
+        loaded = self._load(pick_step(step, metric, mode, self.best_step), numpy=False, targets=targets)
         if loaded is None:
             return None
         found, saved = loaded
@@ -504,7 +524,7 @@ class CheckpointManager:
         return found
 
     def _load(
-        self, step: int | None, numpy: bool, targets: Targets | None = None
+        self, step: int | None, numpy: bool, targets: dict[str, Shard] | None = None
     ) -> tuple[int, dict[str, Any]] | None:
         """The step asked for, or the newest intact one (None if there is no step at all)."""
         if not self.read_only and not self._closed:

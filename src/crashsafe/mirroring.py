@@ -16,6 +16,7 @@ import warnings
 from crashsafe.chain import doomed_steps, protected_steps
 from crashsafe.errors import CrashsafeError, MirrorWarning, NoCheckpointError
 from crashsafe.format.manifest import Manifest, PayloadEntry
+from crashsafe.policies.keep import KeepPolicy, StepFacts
 from crashsafe.storage.base import Lock, Store
 from crashsafe.storage.reader import StepReader
 from crashsafe.storage.writer import StepWriter, delete_steps
@@ -63,12 +64,12 @@ def _moved(entry: PayloadEntry, file: str, offset: int) -> PayloadEntry:
 class Mirror:
     """Copies steps from ``local`` to ``remote`` in a background thread; owns ``remote``'s lock."""
 
-    def __init__(self, local: Store, remote: Store, keep_last: int | None, keep_every: int | None) -> None:
-        self.local, self.remote = local, remote
-        self.keep_last, self.keep_every = keep_last, keep_every
+    def __init__(self, local: Store, remote: Store, keep: KeepPolicy | None) -> None:
+        self.local, self.remote, self.keep = local, remote, keep
         self._lock: Lock = remote.lock()
         remote.remove_leftovers(remote.leftovers())
         self._bases: dict[int, frozenset[int]] = {}
+        self._facts: dict[int, StepFacts] = {}  # the mirror's steps' commit times and metrics (cache)
         self._pending = set(local.steps()) - set(remote.steps())  # a previous run's unmirrored steps
         self._errors: list[str] = []
         self._failed_round: set[int] = set()  # failed since the last save; retried at the next
@@ -140,7 +141,7 @@ class Mirror:
 
     def _prune(self) -> None:
         try:
-            delete_steps(self.remote, doomed_steps(self.remote, self.keep_last, self.keep_every, self._bases))
+            delete_steps(self.remote, doomed_steps(self.remote, self.keep, self._bases, facts=self._facts))
         except (CrashsafeError, OSError) as exc:
             with self._cond:
                 self._errors.append(f"applying retention in {self.remote.location} failed: {exc}")

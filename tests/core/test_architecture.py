@@ -21,7 +21,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("crashsafe.codecs", "crashsafe.policies"),
     ("crashsafe.format",),
     ("crashsafe.state", "crashsafe.storage"),
-    ("crashsafe.encoding", "crashsafe.chain"),
+    ("crashsafe.encoding", "crashsafe.chain", "crashsafe.step_facts"),
     (
         "crashsafe.verification",
         "crashsafe.export",
