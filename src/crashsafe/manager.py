@@ -23,6 +23,7 @@ from crashsafe._metrics import clean_metrics
 from crashsafe.chain import direct_bases, doomed_steps, protected_steps
 from crashsafe.distributed.collective import collective_for
 from crashsafe.distributed.group import DEFAULT_TIMEOUT
+from crashsafe.distributed.shards import Targets, live_targets
 from crashsafe.encoding import CodecSpec, SavePlanner
 from crashsafe.errors import (
     CheckpointExistsError,
@@ -41,7 +42,7 @@ from crashsafe.policies.retention import UNSET, KeepSpec, Unset, retention_polic
 from crashsafe.preemption import EXIT_STATUS, SigtermWatch
 from crashsafe.state.rebuild import apply_into, check_into
 from crashsafe.state.staging import StagingPool, view_bytes
-from crashsafe.state.tree import ArrayLeaf, Shard, flatten
+from crashsafe.state.tree import ArrayLeaf, flatten
 from crashsafe.step_facts import StepSpec, best_step, pick_step
 from crashsafe.storage.base import Lock, Store
 from crashsafe.storage.reader import read_manifest
@@ -514,7 +515,7 @@ class CheckpointManager:
             )
         targets = None
         if self._collective is not None:  # live DTensors: each rank reads the box it holds now
-            targets = {leaf.path: leaf.shard for leaf in flatten(state)[1] if leaf.shard is not None}
+            targets = live_targets(state, flatten(state)[1])
         loaded = self._load(pick_step(step, metric, mode, self.best_step), numpy=False, targets=targets)
         if loaded is None:
             return None
@@ -524,7 +525,7 @@ class CheckpointManager:
         return found
 
     def _load(
-        self, step: int | None, numpy: bool, targets: dict[str, Shard] | None = None
+        self, step: int | None, numpy: bool, targets: Targets | None = None
     ) -> tuple[int, dict[str, Any]] | None:
         """The step asked for, or the newest intact one (None if there is no step at all)."""
         if not self.read_only and not self._closed:
