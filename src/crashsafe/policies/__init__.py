@@ -1,4 +1,4 @@
-"""Save policies (when to checkpoint) and retention (what to keep)."""
+"""Save policies (when to checkpoint) and keep policies (what retention keeps)."""
 
 import warnings
 
@@ -6,6 +6,15 @@ from crashsafe.policies.base import AllOf, AnyOf, EverySeconds, EverySteps, Save
 from crashsafe.policies.coci import ConvergenceAware, coci_protected_loss, coci_schedule, value_factor
 from crashsafe.policies.errors import FitError, PolicyError, PolicyWarning
 from crashsafe.policies.fitting import ExpFit, fit_exponential
+from crashsafe.policies.keep import (
+    KeepBest,
+    KeepEvery,
+    KeepEveryInterval,
+    KeepLast,
+    KeepPolicy,
+    KeepUnion,
+    StepFacts,
+)
 from crashsafe.policies.names import POLICY_NAMES, policy_from_name
 from crashsafe.policies.overhead import MaxOverhead
 from crashsafe.policies.units import parse_duration
@@ -21,11 +30,18 @@ __all__ = [
     "EverySteps",
     "ExpFit",
     "FitError",
+    "KeepBest",
+    "KeepEvery",
+    "KeepEveryInterval",
+    "KeepLast",
+    "KeepPolicy",
+    "KeepUnion",
     "MaxOverhead",
     "PolicyError",
     "PolicyWarning",
     "SaveContext",
     "SavePolicy",
+    "StepFacts",
     "Young",
     "coci_protected_loss",
     "coci_schedule",

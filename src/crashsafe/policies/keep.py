@@ -28,15 +28,18 @@ __all__ = [
     "KeepLast",
     "KeepPolicy",
     "KeepUnion",
+    "Missing",
     "Mode",
     "StepFacts",
     "check_metric",
+    "check_missing",
     "check_mode",
     "metric_value",
     "ranked",
 ]
 
 Mode = Literal["min", "max"]
+Missing = Literal["keep", "drop"]
 
 
 @dataclass(frozen=True)
@@ -94,7 +97,7 @@ class KeepEvery(KeepPolicy):
         return frozenset(s for s in steps if s % self.steps == 0)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class KeepEveryInterval(KeepPolicy):
     """One step per ``seconds`` of commit time (TensorFlow's ``keep_checkpoint_every_n_hours``).
 
@@ -105,11 +108,11 @@ class KeepEveryInterval(KeepPolicy):
 
     seconds: float
 
-    def __post_init__(self) -> None:
-        seconds = parse_duration(self.seconds, "KeepEveryInterval(seconds)")
-        if not 0 < seconds < math.inf:
-            raise PolicyError(f"KeepEveryInterval(seconds) must be positive and finite, got {self.seconds!r}")
-        object.__setattr__(self, "seconds", seconds)
+    def __init__(self, seconds: float | str) -> None:
+        parsed = parse_duration(seconds, "KeepEveryInterval(seconds)")
+        if not 0 < parsed < math.inf:
+            raise PolicyError(f"KeepEveryInterval(seconds) must be positive and finite, got {seconds!r}")
+        object.__setattr__(self, "seconds", parsed)
 
     def keep(self, steps: Sequence[int], facts: Facts) -> Set[int]:
         timed = sorted((facts(s).created, s) for s in steps)
@@ -146,7 +149,16 @@ def check_mode(mode: object, where: str) -> Mode:
     if mode == "min" or mode == "max":
         return mode
     raise PolicyError(
-        f"{where}: mode must be 'min' (lower is better, a loss) or 'max' (accuracy), got {mode!r}"
+        f"{where}: mode must be 'min' (the lowest value is best, a loss) or 'max', got {mode!r}"
+    )
+
+
+def check_missing(missing: object, where: str) -> Missing:
+    """``missing`` if it is ``"keep"`` or ``"drop"``, else a PolicyError naming ``where``."""
+    if missing == "keep" or missing == "drop":
+        return missing
+    raise PolicyError(
+        f"{where}: missing must be 'keep' or 'drop' (steps without the metric), got {missing!r}"
     )
 
 
@@ -154,7 +166,7 @@ def check_metric(metric: object, where: str) -> str:
     """``metric`` if it is a non-empty string, else a PolicyError naming ``where``."""
     if not isinstance(metric, str) or not metric:
         raise PolicyError(
-            f"{where}: metric must be the name of a metric you save, e.g. 'val_loss'; got {metric!r}"
+            f"{where}: metric must be the name of a metric you save (e.g. 'val_loss'), got {metric!r}"
         )
     return metric
 
@@ -172,14 +184,13 @@ class KeepBest(KeepPolicy):
     n: int
     metric: str
     mode: Mode = "min"
-    missing: Literal["keep", "drop"] = "keep"
+    missing: Missing = "keep"
 
     def __post_init__(self) -> None:
         _count(self.n, "KeepBest(n)")
         check_metric(self.metric, "KeepBest")
         check_mode(self.mode, "KeepBest")
-        if self.missing not in ("keep", "drop"):
-            raise PolicyError(f"KeepBest: missing must be 'keep' or 'drop', got {self.missing!r}")
+        check_missing(self.missing, "KeepBest")
 
     def keep(self, steps: Sequence[int], facts: Facts) -> Set[int]:
         best = ranked(steps, facts, self.metric, self.mode)
