@@ -48,8 +48,8 @@ def find_views(tensors: Sequence[Any]) -> dict[int, View]:
 
 
 def _strided_end(tensor: Any, start: int) -> int:
-    last = sum((d - 1) * s for d, s in zip(tensor.shape, tensor.stride(), strict=True))
-    return start + (last + 1) * tensor.element_size()
+    last: int = sum((d - 1) * s for d, s in zip(tensor.shape, tensor.stride(), strict=True))
+    return start + (last + 1) * int(tensor.element_size())
 
 
 def _overlapping(group: list[tuple[int, int, int]], tensors: Sequence[Any]) -> dict[int, View]:

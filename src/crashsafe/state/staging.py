@@ -13,9 +13,10 @@ import numpy as np
 
 from crashsafe._memory import alloc_bytes
 from crashsafe.format.dtypes import storage_dtype
-from crashsafe.state.tree import ArrayLeaf
+from crashsafe.state.rebuild import to_value, unflatten
+from crashsafe.state.tree import ArrayLeaf, flatten
 
-__all__ = ["StagingPool", "view_bytes"]
+__all__ = ["StagingPool", "detached_copy", "view_bytes"]
 
 
 class StagingPool:
@@ -83,3 +84,16 @@ def _plain_cpu(tensor: Any) -> Any:
     import torch
 
     return torch.empty(t.shape, dtype=t.dtype).copy_(t)
+
+
+def detached_copy(state: object, pool: StagingPool) -> Any:
+    """``state`` as plain values whose arrays live in ``pool``'s staging buffers: a point-in-time copy
+    another thread can save while training goes on, until the next copy reuses the buffers.
+
+    Views of one tensor (tied weights) stay views of one staged tensor; objects with
+    ``state_dict()`` become that dict.
+    """
+    tree, leaves = flatten(state)
+    arrays = pool.capture(leaves)
+    values = [to_value(leaf.kind, leaf.dtype, array) for leaf, array in zip(leaves, arrays, strict=True)]
+    return unflatten(tree, values)

@@ -218,7 +218,8 @@ class _Walk:
             try:
                 inner = self.node(value.value, parts, depth + 1)
             except UnsupportedStateError as exc:
-                raise UnsupportedStateError(f"{exc} (the value of {_type_name(value)}.{value.name})") from None
+                member = f"{_type_name(value)}.{value.name}"
+                raise UnsupportedStateError(f"{exc} (the value of {member})") from None
             return {"t": "enum", "class": class_name(type(value)), "name": value.name, "value": inner}
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}

@@ -1,0 +1,364 @@
+"""PyTorch Lightning: crashsafe checkpoints with one line (docs/integrations.md).
+
+* ``Trainer(plugins=[CrashsafeCheckpointIO()])`` keeps Lightning's checkpoint model: the stock
+  ``ModelCheckpoint`` decides what to save and delete (top-k, ``save_last``, ``every_n_train_steps``,
+  re-saving one path) and ``fit(ckpt_path="last")`` resumes. Each path holds a pointer file
+  (``integrations/pointer.py``); the checkpoints live in ``.crashsafe/`` beside it, committed
+  atomically, verified on load, with fallback. Saving returns after a copy into staging buffers; a
+  background thread writes, commits and only then updates the pointer files and deletes what a new
+  checkpoint replaces (Lightning's ``AsyncCheckpointIO`` contract: errors surface at the next save
+  or at teardown).
+* ``Trainer(callbacks=[CrashsafeCallback("ckpt", policy=...)])`` hands checkpointing wholly to a
+  :class:`~crashsafe.CheckpointManager` (policies, codecs, retention, SIGTERM) and resumes from its
+  newest intact step when ``fit`` starts.
+
+Both save the RNG states with Lightning's checkpoint and restore them on resume, so with a resumable
+dataloader a resumed run continues bit for bit.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.plugins import CheckpointIO, TorchCheckpointIO
+from lightning_utilities.core.apply_func import apply_to_collection
+
+from crashsafe.encoding import CodecSpec
+from crashsafe.errors import CorruptCheckpointError, CorruptCheckpointWarning, CrashsafeError
+from crashsafe.format.manifest import Manifest
+from crashsafe.integrations.pointer import STORE, is_pointer, pointed_name, remove_pointer, write_pointer
+from crashsafe.manager import CheckpointManager
+from crashsafe.state.rng import RNGState
+from crashsafe.state.staging import StagingPool, detached_copy
+
+__all__ = ["CrashsafeCallback", "CrashsafeCheckpointIO", "load_checkpoint", "load_from_checkpoint"]
+
+
+class _Directory:
+    """One Lightning checkpoint directory: its crashsafe store (``.crashsafe/``, one step per save,
+    the Lightning file name in the state) and the pointer files that name its checkpoints."""
+
+    def __init__(self, path: Path, manager: CheckpointManager) -> None:
+        self.path = path
+        self.mgr = manager
+        self.names = _names(manager)  # step -> the file name it was saved as
+        self.held: set[int] = set()  # steps a kept step's delta still needs: deleted later
+
+    def drop_orphans(self) -> None:
+        """Delete steps no pointer names: removed, or saved by a run killed before the pointer."""
+        self.delete([step for step, name in self.names.items() if not is_pointer(self.path / name)])
+
+    def save(self, name: str, snapshot: Mapping[str, Any], metrics: dict[str, float]) -> None:
+        """Commit ``snapshot`` as a new step, then point ``name`` at it and drop what it replaces."""
+        step = max(self.names, default=-1) + 1
+        self.mgr.save(step, {"name": name, **snapshot}, metrics)
+        self.names[step] = name
+        write_pointer(self.path / name, name)
+        self.delete([s for s, n in self.names.items() if n == name and s != step])
+
+    def remove(self, name: str) -> None:
+        remove_pointer(self.path / name)
+        self.delete([s for s, n in self.names.items() if n == name])
+
+    def delete(self, steps: Sequence[int]) -> None:
+        """Delete ``steps`` (and earlier ones held back), newest first; a step that a kept step's
+        delta chain still needs stays until it does not."""
+        for step in sorted({*steps, *self.held}, reverse=True):
+            try:
+                self.mgr.delete([step])
+            except CrashsafeError:
+                self.held.add(step)
+                continue
+            self.held.discard(step)
+            self.names.pop(step, None)
+
+
+def _names(manager: CheckpointManager) -> dict[int, str]:
+    """Each step's Lightning file name, read from its manifest (a step without one is skipped)."""
+    names = {}
+    for step in manager.steps():
+        try:
+            name = _saved_name(manager.manifest(step))
+        except CrashsafeError:
+            continue  # unreadable: never a candidate, and the next writer leaves it to `crashsafe gc`
+        if name is not None:
+            names[step] = name
+    return names
+
+
+def _saved_name(manifest: Manifest) -> str | None:
+    tree = manifest.tree
+    if tree["t"] != "dict" or "name" not in tree["keys"]:
+        return None
+    node = tree["vals"][tree["keys"].index("name")]
+    return node["v"] if node["t"] == "str" else None
+
+
+def _load_named(manager: CheckpointManager, names: dict[int, str], name: str) -> dict[str, Any]:
+    """The newest intact step saved as ``name``; if none is intact, the newest intact step of the
+    directory (each fallback is reported as a CorruptCheckpointWarning)."""
+    mine = sorted((s for s, n in names.items() if n == name), reverse=True)
+    others = sorted((s for s in names if s not in mine), reverse=True)
+    damage: list[str] = []
+    for candidates in (mine, others):
+        if candidates is others and others:
+            warnings.warn(
+                f"no intact checkpoint saved as {name!r}; loading {names[others[0]]!r} (or an older one), "
+                "the newest intact checkpoint of the directory",
+                CorruptCheckpointWarning,
+                stacklevel=4,
+            )
+        for step in candidates:
+            try:
+                return manager.load(step)
+            except CorruptCheckpointError as exc:
+                damage.append(str(exc))
+                warnings.warn(f"skipping damaged checkpoint: {exc}", CorruptCheckpointWarning, stacklevel=4)
+    raise CorruptCheckpointError(
+        f"no intact checkpoint for {name!r} in {manager.directory}: " + ("; ".join(damage) or "none saved")
+    )
+
+
+def _map(checkpoint: dict[str, Any], map_location: Any) -> dict[str, Any]:
+    """Tensors moved to ``map_location`` (a device or its name); loaded tensors are on the CPU."""
+    if map_location is None:
+        return checkpoint
+    if not isinstance(map_location, (str, torch.device)):
+        raise TypeError(
+            f"map_location={map_location!r}: crashsafe checkpoints load on the CPU and move to a device "
+            "given as a torch.device or its name; a function or a dict is not supported"
+        )
+    moved: dict[str, Any] = apply_to_collection(checkpoint, torch.Tensor, lambda t: t.to(map_location))
+    return moved
+
+
+class CrashsafeCheckpointIO(CheckpointIO):
+    """A Lightning ``CheckpointIO`` that writes crashsafe checkpoints: ``Trainer(plugins=[...])``.
+
+    Args:
+        codec, lossless: as for :class:`~crashsafe.CheckpointManager` (delta codecs work, but a
+            step that a kept step's delta needs is deleted only once no kept step needs it).
+        restore_rng: loading a checkpoint also restores the python, numpy and torch RNGs saved with
+            it (Lightning's own checkpoints do not save them, so its resumed runs draw other numbers).
+    """
+
+    def __init__(
+        self, *, codec: CodecSpec = None, lossless: Sequence[str] = (), restore_rng: bool = True
+    ) -> None:
+        self._codec = codec
+        self._lossless = tuple(lossless)
+        self.restore_rng = restore_rng
+        self._dirs: dict[Path, _Directory] = {}
+        self._pool = StagingPool()
+        self._executor: ThreadPoolExecutor | None = None
+        self._pending: list[Future[None]] = []
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
+    ) -> None:
+        """Copy ``checkpoint`` into staging buffers and return; it commits in the background."""
+        if storage_options is not None:
+            raise TypeError(f"{type(self).__name__} takes no storage_options")
+        target = _local_path(path)
+        self._settle()  # the previous save is committed: its staging buffers may be reused
+        snapshot = detached_copy({"lightning": checkpoint, "rng": RNGState()}, self._pool)
+        metrics = {k: float(checkpoint.get(k, 0)) for k in ("global_step", "epoch")}
+        self._submit(target.parent, lambda d: d.save(target.name, snapshot, metrics))
+
+    def load_checkpoint(
+        self, path: Any, map_location: Any | None = None, weights_only: bool | None = None
+    ) -> dict[str, Any]:
+        """The checkpoint a pointer file at ``path`` names (verified, with fallback); a plain
+        ``torch.save`` file is loaded as Lightning would."""
+        self._settle()
+        real = Path(os.path.realpath(_local_path(path)))  # save_last="link" makes last.ckpt a link
+        if not is_pointer(real):
+            loaded: dict[str, Any] = TorchCheckpointIO().load_checkpoint(path, map_location, weights_only)
+            return loaded
+        name = pointed_name(real)
+        held = self._dirs.get(real.parent)
+        if held is not None:
+            state = _load_named(held.mgr, held.names, name)
+        else:
+            with CheckpointManager(real.parent / STORE, read_only=True) as reader:
+                state = _load_named(reader, _names(reader), name)
+        if self.restore_rng:
+            RNGState().load_state_dict(state["rng"])
+        return _map(state["lightning"], map_location)
+
+    def remove_checkpoint(self, path: Any) -> None:
+        """Remove a checkpoint; its steps are deleted after the pending save commits."""
+        target = _local_path(path)
+        if target.is_symlink() or not is_pointer(target):
+            TorchCheckpointIO().remove_checkpoint(path)  # a link (save_last="link") or a torch file
+            return
+        self._submit(target.parent, lambda d: d.remove(target.name))
+
+    def teardown(self) -> None:
+        """Wait for every pending save (raising its error), close the stores."""
+        try:
+            self._settle()
+        finally:
+            if self._executor is not None:
+                self._executor.shutdown(wait=True)
+                self._executor = None
+            for directory in self._dirs.values():
+                directory.mgr.close()
+            self._dirs.clear()
+            self._pool.clear()
+
+    def _submit(self, directory: Path, work: Callable[[_Directory], None]) -> None:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="crashsafe-lightning")
+        self._pending.append(self._executor.submit(lambda: work(self._directory(directory))))
+
+    def _directory(self, path: Path) -> _Directory:
+        """The store of ``path`` (opened, and its orphans dropped, at first use; in the worker)."""
+        held = self._dirs.get(path)
+        if held is None:
+            path.mkdir(parents=True, exist_ok=True)
+            manager = CheckpointManager(
+                path / STORE, keep_last=None, async_save=False, codec=self._codec, lossless=self._lossless
+            )
+            held = self._dirs[path] = _Directory(path, manager)
+            held.drop_orphans()
+        return held
+
+    def _settle(self) -> None:
+        """Wait for the background work; raise the first error it met."""
+        pending, self._pending = self._pending, []
+        errors = [exc for f in pending if (exc := f.exception()) is not None]
+        if errors:
+            raise CrashsafeError(
+                f"saving a Lightning checkpoint in the background failed: {errors[0]!r}"
+            ) from errors[0]
+
+
+def _local_path(path: Any) -> Path:
+    text = os.fspath(path)
+    if "://" in text and not text.startswith("file://"):
+        raise CrashsafeError(
+            f"{text}: CrashsafeCheckpointIO writes to local paths; for object stores use "
+            "CrashsafeCallback(directory='s3://...') or CheckpointManager(mirror=...)"
+        )
+    return Path(text.removeprefix("file://")).absolute()
+
+
+def load_checkpoint(path: str | os.PathLike[str], map_location: Any | None = None) -> dict[str, Any]:
+    """The Lightning checkpoint dict at ``path`` (a pointer file written by CrashsafeCheckpointIO)."""
+    io = CrashsafeCheckpointIO(restore_rng=False)
+    try:
+        return io.load_checkpoint(path, map_location)
+    finally:
+        io.teardown()
+
+
+def load_from_checkpoint(
+    cls: type[LightningModule], path: str | os.PathLike[str], map_location: Any | None = None, **kwargs: Any
+) -> LightningModule:
+    """``cls.load_from_checkpoint(path, ...)`` for a crashsafe checkpoint: the module built from the
+    saved hyperparameters (``kwargs`` override them, ``strict=`` as Lightning's) with its weights."""
+    from lightning.pytorch.core.saving import _load_state
+
+    module = _load_state(cls, load_checkpoint(path, map_location), **kwargs)
+    assert isinstance(module, LightningModule)
+    return module
+
+
+class _LazyState(Mapping[str, Any]):
+    """A state built only when a save reads it: Lightning's full checkpoint dict is assembled only
+    for the batches a policy chooses to save."""
+
+    def __init__(self, build: Callable[[], dict[str, Any]]) -> None:
+        self._build = build
+        self._state: dict[str, Any] | None = None
+
+    def _get(self) -> dict[str, Any]:
+        if self._state is None:
+            self._state = self._build()
+        return self._state
+
+    def __getitem__(self, key: str) -> Any:
+        return self._get()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._get())
+
+    def __len__(self) -> int:
+        return len(self._get())
+
+
+class CrashsafeCallback(Callback):
+    """Checkpointing by a :class:`~crashsafe.CheckpointManager`: ``Trainer(callbacks=[...])``.
+
+    After every optimizer step the manager's policy decides whether to save (default: every
+    ``every_n_steps``; pass ``policy=`` for ``cs.policies.Young(...)`` and the rest), with metrics from
+    ``trainer.callback_metrics``. When ``fit`` starts, the newest intact step is restored (model,
+    optimizers, schedulers, loops, callbacks, precision, RNG). Other keyword arguments go to the
+    manager (``keep_last``, ``codec``, ``save_on_sigterm``, ``mirror``, ...).
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        every_n_steps: int = 100,
+        resume: bool = True,
+        **options: Any,
+    ) -> None:
+        from crashsafe.policies.base import EverySteps
+
+        self.directory = directory
+        self.resume = resume
+        self._options = {"policy": EverySteps(every_n_steps), **options}
+        self.manager: CheckpointManager | None = None
+        self._offered: int | None = None
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if stage == "fit" and trainer.is_global_zero and self.manager is None:
+            self.manager = CheckpointManager(self.directory, **self._options)
+
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if not self.resume or self.manager is None or self.manager.latest_step() is None:
+            return
+        state = self.manager.load()
+        # Lightning has no public way to resume from a dict: hand it to its checkpoint connector, as
+        # ``fit(ckpt_path=...)`` does. The model and callbacks are restored here; Lightning restores
+        # the training state (precision, loops, optimizers, schedulers) right after this hook.
+        connector = trainer._checkpoint_connector
+        connector._loaded_checkpoint = state["lightning"]
+        connector.restore_model()
+        connector.restore_datamodule()
+        connector.restore_callbacks()
+        RNGState().load_state_dict(state["rng"])
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        step = trainer.global_step
+        if self.manager is None or step == self._offered:  # gradient accumulation: no new step yet
+            return
+        self._offered = step
+        metrics = {
+            k: float(v) for k, v in trainer.callback_metrics.items() if torch.is_tensor(v) and v.numel() == 1
+        }
+
+        def build() -> dict[str, Any]:
+            return {
+                "lightning": trainer._checkpoint_connector.dump_checkpoint(weights_only=False),
+                "rng": RNGState(),
+            }
+
+        self.manager.maybe_save(step, _LazyState(build), metrics)
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if stage == "fit" and self.manager is not None:
+            self.manager.close()
+            self.manager = None

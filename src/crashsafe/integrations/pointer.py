@@ -1,0 +1,89 @@
+"""Pointer files: what stands at a Lightning checkpoint path (``last.ckpt``) when crashsafe holds it.
+
+The checkpoint itself lives in a crashsafe store beside it (``.crashsafe/``); the pointer file names
+it, so Lightning's own file logic (``ModelCheckpoint`` top-k, versions, ``ckpt_path="last"``) works
+as with its own files. A pointer is not a torch file: its first two lines make ``torch.load`` (and
+so ``LightningModule.load_from_checkpoint``) fail with a message saying what to call instead. To
+pickle they read as a GLOBAL of ``crashsafe.<message>``; with ``weights_only=True`` torch refuses it
+by name, and with ``weights_only=False`` Python imports crashsafe and fails to find an attribute
+named by that sentence. Nothing of the file runs, and crashsafe reads the last line as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from crashsafe.errors import CrashsafeError
+
+__all__ = ["MESSAGE", "STORE", "is_pointer", "pointed_name", "remove_pointer", "write_pointer"]
+
+STORE = ".crashsafe"
+MESSAGE = (
+    "this .ckpt is a crashsafe checkpoint, not a torch.save file: load it with "
+    "crashsafe.integrations.lightning.load_checkpoint(path), or "
+    "crashsafe.integrations.lightning.load_from_checkpoint(ModelClass, path), or resume with "
+    "Trainer(plugins=[crashsafe.integrations.lightning.CrashsafeCheckpointIO()])"
+)
+_HEAD = b"ccrashsafe\n"
+_MAX_BYTES = 4096
+
+
+def write_pointer(path: Path, name: str) -> None:
+    """Atomically (write, fsync, rename, fsync the directory) make ``path`` point at ``name``."""
+    body = _HEAD + f"{MESSAGE}\n".encode() + json.dumps({"crashsafe": STORE, "name": name}).encode() + b"\n"
+    tmp = path.with_name(f".{path.name}.crashsafe-tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    try:
+        os.write(fd, body)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def remove_pointer(path: Path) -> None:
+    """Remove a pointer file (durably), if it is there."""
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return
+    _fsync_dir(path.parent)
+
+
+def is_pointer(path: Path) -> bool:
+    """True if ``path`` (or the file a link there points to) is a crashsafe pointer file."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(_HEAD)) == _HEAD
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return False
+
+
+def pointed_name(path: Path) -> str:
+    """The checkpoint name a pointer file at ``path`` stands for."""
+    with open(path, "rb") as f:
+        data = f.read(_MAX_BYTES)
+    try:
+        record = json.loads(data.rstrip(b"\n").rsplit(b"\n", 1)[-1])
+    except ValueError:
+        record = None
+    if not (
+        isinstance(record, dict) and record.get("crashsafe") == STORE and isinstance(record.get("name"), str)
+    ):
+        raise CrashsafeError(
+            f"{path} starts like a crashsafe pointer file but is damaged; its checkpoints are in "
+            f"{path.parent / STORE} (`crashsafe ls` lists them)"
+        )
+    name: str = record["name"]
+    return name
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

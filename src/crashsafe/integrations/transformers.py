@@ -1,0 +1,207 @@
+"""Hugging Face transformers: a ``Trainer`` whose checkpoints are crashsafe steps (docs/integrations.md).
+
+``CrashsafeTrainer(model, args, ...)`` is a ``transformers.Trainer``: wherever HF would write a
+``checkpoint-N`` folder (``save_steps``, ``save_strategy``), it saves model, optimizer, scheduler,
+GradScaler, RNG states, the trainer state and the model config as crashsafe step N instead: the
+loop waits only for a memcpy, the step commits atomically, and loads are verified, falling back to
+the newest intact step. ``trainer.train(resume_from_checkpoint=True)`` resumes from it through HF's
+own resume path (data position included: HF skips the batches already trained), so a resumed run
+matches an uninterrupted one bit for bit on CPU. With ``policy=`` in ``manager_options`` the
+crashsafe policy (and SIGTERM) decides when to save instead of ``save_steps``.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+
+from crashsafe.errors import CrashsafeError
+from crashsafe.manager import CheckpointManager
+from crashsafe.state.rebuild import apply_into, check_into
+from crashsafe.state.rng import RNGState
+
+__all__ = ["CrashsafeTrainer", "CrashsafeTrainerMixin"]
+
+
+class CrashsafeTrainerMixin:
+    """Makes a ``Trainer`` (or a subclass: ``class T(CrashsafeTrainerMixin, SFTTrainer)``) checkpoint
+    with crashsafe.
+
+    Args:
+        checkpoint_dir: where the steps go (default ``<output_dir>/crashsafe``; a URL works).
+        manager_options: for :class:`~crashsafe.CheckpointManager` (``codec``, ``policy``,
+            ``save_on_sigterm``, ``mirror``, ...); ``keep_last`` defaults to ``save_total_limit``.
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        checkpoint_dir: str | os.PathLike[str] | None = None,
+        manager_options: Mapping[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        hf = self._hf()
+        if hf.args.load_best_model_at_end:
+            raise CrashsafeError(
+                "load_best_model_at_end reads HF checkpoint folders, which CrashsafeTrainer does not "
+                "write; turn it off and load the step you want with CheckpointManager.restore"
+            )
+        options = {"keep_last": hf.args.save_total_limit, **(manager_options or {})}
+        output = Path(hf.args.output_dir or "trainer_output")
+        directory = checkpoint_dir if checkpoint_dir is not None else output / "crashsafe"
+        self.checkpoints = CheckpointManager(directory, **options)
+        self._resuming: dict[str, Any] | None = None
+        self._saved_step: int | None = None
+        if "policy" in options or options.get("save_on_sigterm"):
+            hf.add_callback(_PolicySaves(self.checkpoints))
+
+    def _hf(self) -> Trainer:
+        assert isinstance(self, Trainer)
+        return self
+
+    def train(
+        self,
+        resume_from_checkpoint: str | bool | None = None,
+        trial: Any = None,
+        ignore_keys_for_eval: list[str] | None = None,
+    ) -> Any:
+        """HF's ``train``; ``resume_from_checkpoint=True`` resumes from the newest intact crashsafe
+        step (training starts afresh if there is none), a path from the newest step stored there."""
+        hf = self._hf()
+        kwargs = {"trial": trial, "ignore_keys_for_eval": ignore_keys_for_eval}
+        if resume_from_checkpoint is None or resume_from_checkpoint is False:
+            return self._train_and_wait(None, kwargs)
+        if resume_from_checkpoint is True:
+            loaded = self.checkpoints.load() if self.checkpoints.latest_step() is not None else None
+        else:
+            with CheckpointManager(resume_from_checkpoint, read_only=True) as reader:
+                loaded = reader.load()
+        if loaded is None:
+            return self._train_and_wait(None, kwargs)
+        with tempfile.TemporaryDirectory(prefix="crashsafe-resume-") as folder:
+            # HF reads the trainer state (epoch, step, callbacks' state) from trainer_state.json, a
+            # JSON file; everything else comes from the loaded step through the hooks below.
+            _trainer_state(loaded["trainer_state"]).save_to_json(os.path.join(folder, "trainer_state.json"))
+            self._resuming = loaded
+            try:
+                return self._train_and_wait(folder, kwargs)
+            finally:
+                self._resuming = None
+                hf.state.best_model_checkpoint = None  # it named the temporary folder
+
+    def _train_and_wait(self, folder: str | None, kwargs: dict[str, Any]) -> Any:
+        output = Trainer.train(self._hf(), resume_from_checkpoint=folder, **kwargs)
+        self.checkpoints.wait()  # the last save is durable (or its error raised) when train returns
+        return output
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        """Where HF writes ``checkpoint-N``: save step N (returns after the memcpy)."""
+        hf = self._hf()
+        unwrapped: Any = hf.model  # the model itself (``model`` may be a wrapper)
+        step = hf.state.global_step
+        if step == self._saved_step:  # e.g. a step save and an epoch save at one step: same state
+            return
+        if hf.hp_search_backend is None and trial is None:
+            hf.store_flos()
+        for callback in [*hf.callback_handler.callbacks, hf.control]:
+            _record_callback_state(hf.state, callback)
+        state: dict[str, Any] = {
+            "model": unwrapped,
+            "optimizer": hf.optimizer,
+            "scheduler": hf.lr_scheduler,
+            "rng": RNGState(),
+            "trainer_state": hf.state,
+            "hf_config": unwrapped.config.to_dict(),
+        }
+        scaler = getattr(hf.accelerator, "scaler", None)
+        if scaler is not None:
+            state["scaler"] = scaler
+        self.checkpoints.save(step, state, _last_logged(hf.state))
+        self._saved_step = step
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
+        if self._resuming is None:
+            Trainer._load_from_checkpoint(self._hf(), resume_from_checkpoint, model)
+            return
+        _restore(self._resuming, {"model": model if model is not None else self._hf().model})
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        if self._resuming is None or checkpoint is None:
+            Trainer._load_optimizer_and_scheduler(self._hf(), checkpoint)
+            return
+        hf = self._hf()
+        _restore(self._resuming, {"optimizer": hf.optimizer, "scheduler": hf.lr_scheduler})
+
+    def _load_scaler(self, checkpoint: str | None) -> None:
+        if self._resuming is None or checkpoint is None:
+            Trainer._load_scaler(self._hf(), checkpoint)
+            return
+        scaler = getattr(self._hf().accelerator, "scaler", None)
+        if scaler is not None and "scaler" in self._resuming:
+            _restore(self._resuming, {"scaler": scaler})
+
+    def _load_rng_state(self, checkpoint: str | None) -> None:
+        if self._resuming is None or checkpoint is None:
+            Trainer._load_rng_state(self._hf(), checkpoint)
+            return
+        _restore(self._resuming, {"rng": RNGState()})
+
+    def close(self) -> None:
+        """Wait for the pending save and release the checkpoint directory."""
+        self.checkpoints.close()
+
+
+class CrashsafeTrainer(CrashsafeTrainerMixin, Trainer):
+    """``transformers.Trainer`` with crashsafe checkpoints (see :class:`CrashsafeTrainerMixin`)."""
+
+
+def _restore(loaded: dict[str, Any], live: dict[str, Any]) -> None:
+    """Copy the parts of ``loaded`` named in ``live`` into those live objects (checked first)."""
+    saved = {key: loaded[key] for key in live}
+    check_into(live, saved)
+    apply_into(live, saved)
+
+
+def _trainer_state(saved: Any) -> TrainerState:
+    """The saved trainer state (a dict of its fields if TrainerState was not imported when loading)."""
+    return saved if isinstance(saved, TrainerState) else TrainerState(**saved)
+
+
+def _last_logged(state: TrainerState) -> dict[str, float]:
+    """The numbers of the last log entry (loss, learning rate, ...): the step's metrics."""
+    last = state.log_history[-1] if state.log_history else {}
+    return {k: float(v) for k, v in last.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def _record_callback_state(state: TrainerState, callback: Any) -> None:
+    """What HF's own checkpoints record of an ``ExportableState`` callback (early stopping, ...)."""
+    from transformers.trainer_callback import ExportableState
+
+    if not isinstance(callback, ExportableState):
+        return
+    name = type(callback).__name__
+    recorded: Any = state.stateful_callbacks  # a dict of states once TrainerState is built
+    if isinstance(recorded.get(name), list):
+        recorded[name].append(callback.state())
+    else:
+        recorded[name] = callback.state()
+
+
+class _PolicySaves(TrainerCallback):
+    """Asks the manager's policy after every optimizer step (and saves at once after SIGTERM)."""
+
+    def __init__(self, manager: CheckpointManager) -> None:
+        self.manager = manager
+
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        context = self.manager.context(state.global_step, _last_logged(state))
+        if self.manager.preempted or self.manager.policy.should_save(context):
+            control.should_save = True

@@ -1,0 +1,68 @@
+"""Real training runs for the integration tests, killed with SIGKILL at random moments.
+
+Runs are forked from a forkserver that imported Lightning and transformers once, so a run costs its
+training, not the ~10 s import; each is still its own process, killed for real.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import random
+import signal
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+_CTX = multiprocessing.get_context("forkserver")
+_CTX.set_forkserver_preload(
+    ["crashsafe.workloads.lightning_digits", "crashsafe.workloads.hf_tiny", "crashsafe.integrations.lightning"]
+)
+
+Run = Callable[[Callable[[list[str]], int], list[str]], None]
+
+
+def run_to_end(main: Callable[[list[str]], int], argv: list[str], timeout: float = 120) -> None:
+    """Run ``main(argv)`` in a fresh process to the end; it must succeed."""
+    process = _CTX.Process(target=main, args=(argv,))
+    process.start()
+    process.join(timeout)
+    if process.is_alive():
+        process.kill()
+        process.join()
+        pytest.fail(f"{main.__module__} {argv} did not finish in {timeout} s")
+    assert process.exitcode == 0, f"{main.__module__} {argv} exited with {process.exitcode}"
+
+
+def kill_and_resume(
+    main: Callable[[list[str]], int], argv: list[str], saved: Callable[[], bool], kills: int, seed: int
+) -> int:
+    """Start ``main(argv)`` ``kills`` times and SIGKILL it at a random moment once ``saved()`` (a
+    checkpoint exists), then run it to the end; return how many runs were really killed."""
+    rng = random.Random(seed)
+    killed = 0
+    for _ in range(kills):
+        process = _CTX.Process(target=main, args=(argv,))
+        process.start()
+        deadline = time.monotonic() + 120
+        while not saved() and process.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(rng.uniform(0.0, 1.0))
+        if process.is_alive():
+            os.kill(process.pid, signal.SIGKILL)
+            killed += 1
+        process.join()
+    run_to_end(main, argv)
+    return killed
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> Any:
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -1,0 +1,141 @@
+"""Lightning with crashsafe: the CheckpointIO plugin under the stock ModelCheckpoint, the Callback,
+resume after real SIGKILLs (bit-identical), and what Lightning's own readers say."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+import crashsafe as cs
+from crashsafe.integrations import lightning as cs_lightning
+from crashsafe.integrations.pointer import MESSAGE, STORE
+from crashsafe.workloads import lightning_digits as job
+
+from .conftest import kill_and_resume, run_to_end
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
+
+
+def _fit(directory: Path, steps: int, checkpoint: ModelCheckpoint, ckpt_path: str | None = None) -> Any:
+    module = job.DigitsModule(data_dir=directory, extra=argparse.Namespace(note="digits"))
+    trainer = job.make_trainer(steps, [cs_lightning.CrashsafeCheckpointIO()], [checkpoint], directory)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(module, ckpt_path=ckpt_path)
+    return module, trainer
+
+
+def _stored_names(directory: Path) -> list[str]:
+    with cs.CheckpointManager(directory / STORE, read_only=True) as mgr:
+        return sorted(mgr.load(step)["name"] for step in mgr.steps())
+
+
+def _ckpt_files(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if p.suffix == ".ckpt")
+
+
+def test_top_k_last_and_every_n_steps_keep_one_step_per_file(tmp_path: Path) -> None:
+    checkpoint = ModelCheckpoint(
+        dirpath=tmp_path, monitor="loss", mode="min", save_top_k=2, save_last=True, every_n_train_steps=3
+    )
+    module, trainer = _fit(tmp_path, 18, checkpoint)
+    kept = sorted(Path(p).name for p in checkpoint.best_k_models)
+    assert len(kept) == 2
+    assert _ckpt_files(tmp_path) == sorted([*kept, "last.ckpt"])
+    assert _stored_names(tmp_path) == sorted([*kept, "last.ckpt"])  # dropped top-k and older lasts deleted
+    last = cs_lightning.load_checkpoint(tmp_path / "last.ckpt")
+    assert last["global_step"] == 18
+    assert torch.equal(last["state_dict"]["net.5.weight"], module.state_dict()["net.5.weight"])
+    for name in kept:
+        step = cs_lightning.load_checkpoint(tmp_path / name)["global_step"]
+        assert f"step={step}" in name
+    assert cs.verify(tmp_path / STORE).ok
+
+
+def test_save_last_link_and_resaving_one_path(tmp_path: Path) -> None:
+    checkpoint = ModelCheckpoint(
+        dirpath=tmp_path, filename="latest", save_top_k=1, save_last="link", every_n_train_steps=4,
+        enable_version_counter=False,
+    )  # fmt: skip
+    _fit(tmp_path, 12, checkpoint)
+    assert (tmp_path / "last.ckpt").is_symlink()
+    assert _ckpt_files(tmp_path) == ["last.ckpt", "latest.ckpt"]
+    assert _stored_names(tmp_path) == ["latest.ckpt"]  # "latest" re-saved 3 times: one step left
+    assert cs_lightning.load_checkpoint(tmp_path / "last.ckpt")["global_step"] == 12
+
+
+def test_fit_resumes_from_last_and_from_a_path(tmp_path: Path) -> None:
+    def checkpoint() -> ModelCheckpoint:
+        return ModelCheckpoint(dirpath=tmp_path, save_top_k=-1, save_last=True, every_n_train_steps=5)
+
+    _, whole = _fit(tmp_path / "whole", 20, ModelCheckpoint(dirpath=tmp_path / "whole", save_top_k=0))
+    _fit(tmp_path, 10, checkpoint())
+    module, trainer = _fit(tmp_path, 20, checkpoint(), ckpt_path="last")
+    reference, _ = _fit(tmp_path / "whole2", 20, ModelCheckpoint(dirpath=tmp_path / "whole2", save_top_k=0))
+    assert trainer.global_step == 20
+    assert job.state_digest(module, trainer) == job.state_digest(reference, whole)
+    module, trainer = _fit(tmp_path, 20, checkpoint(), ckpt_path=str(tmp_path / "epoch=0-step=15.ckpt"))
+    assert trainer.global_step == 20
+    assert job.state_digest(module, trainer) == job.state_digest(reference, whole)
+
+
+def test_lightning_readers_say_what_to_call(tmp_path: Path) -> None:
+    _fit(tmp_path, 4, ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=4))
+    (path,) = tmp_path.glob("*.ckpt")
+    for weights_only in (True, False):
+        with pytest.raises(Exception, match="load it with crashsafe.integrations.lightning.load_checkpoint"):
+            torch.load(path, weights_only=weights_only)
+    with pytest.raises(Exception, match="crashsafe.integrations.lightning.load_from_checkpoint"):
+        job.DigitsModule.load_from_checkpoint(path)
+    assert MESSAGE in path.read_text()
+    module = cs_lightning.load_from_checkpoint(job.DigitsModule, path)
+    assert isinstance(module, job.DigitsModule)
+    assert module.hparams["dtype"] is torch.float32  # hyperparameters of the kinds Lightning stores
+    assert module.hparams["data_dir"] == tmp_path and isinstance(module.hparams["data_dir"], Path)
+    assert module.hparams["schedule"] is job.Schedule.STEP
+    assert module.hparams["extra"] == argparse.Namespace(note="digits")
+
+
+def test_a_value_that_cannot_be_stored_is_refused_at_the_first_save_naming_its_path(tmp_path: Path) -> None:
+    module = job.DigitsModule(data_dir=tmp_path, extra=argparse.Namespace(fn=object()))
+    checkpoint = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2)
+    trainer = job.make_trainer(4, [cs_lightning.CrashsafeCheckpointIO()], [checkpoint], tmp_path)
+    with pytest.raises(cs.UnsupportedStateError, match=r"lightning\.hyper_parameters\.extra\.fn"):
+        trainer.fit(module)
+
+
+def test_a_damaged_checkpoint_falls_back(tmp_path: Path) -> None:
+    checkpoint = ModelCheckpoint(dirpath=tmp_path, save_top_k=-1, save_last=True, every_n_train_steps=4)
+    _fit(tmp_path, 8, checkpoint)
+    with cs.CheckpointManager(tmp_path / STORE, read_only=True) as mgr:
+        last = max(s for s in mgr.steps() if mgr.load(s)["name"] == "last.ckpt")
+    data = tmp_path / STORE / f"step_{last:012d}" / "data.bin"
+    with open(data, "r+b") as f:
+        f.seek(100)
+        f.write(b"\xff" * 8)
+    with pytest.warns(cs.CorruptCheckpointWarning):
+        loaded = cs_lightning.load_checkpoint(tmp_path / "last.ckpt")
+    assert loaded["global_step"] == 8  # epoch=0-step=8.ckpt holds the same step
+
+
+@pytest.mark.parametrize("mode", ["plugin", "callback"])
+def test_sigkilled_runs_resume_bit_identical(tmp_path: Path, mode: str) -> None:
+    steps = ["--steps", "60", "--every", "3", "--mode", mode]
+    run_to_end(job.main, [str(tmp_path / "whole"), *steps])
+    killed = tmp_path / "killed"
+    store = killed / STORE if mode == "plugin" else killed / "managed"
+
+    def saved() -> bool:
+        return store.exists() and any(p.name.startswith("step_") for p in store.iterdir())
+
+    kills = kill_and_resume(job.main, [str(killed), *steps], saved, kills=3, seed=int.from_bytes(os.urandom(2)))
+    assert kills >= 1
+    assert (killed / "final.txt").read_text() == (tmp_path / "whole" / "final.txt").read_text()
+    assert cs.verify(store).ok
