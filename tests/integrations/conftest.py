@@ -18,7 +18,11 @@ import pytest
 
 _CTX = multiprocessing.get_context("forkserver")
 _CTX.set_forkserver_preload(
-    ["crashsafe.workloads.lightning_digits", "crashsafe.workloads.hf_tiny", "crashsafe.integrations.lightning"]
+    [
+        "crashsafe.workloads.lightning_digits",
+        "crashsafe.workloads.hf_tiny",
+        "crashsafe.integrations.transformers",
+    ]
 )
 
 Run = Callable[[Callable[[list[str]], int], list[str]], None]

@@ -45,7 +45,7 @@ def test_top_k_last_and_every_n_steps_keep_one_step_per_file(tmp_path: Path) -> 
     checkpoint = ModelCheckpoint(
         dirpath=tmp_path, monitor="loss", mode="min", save_top_k=2, save_last=True, every_n_train_steps=3
     )
-    module, trainer = _fit(tmp_path, 18, checkpoint)
+    module, _ = _fit(tmp_path, 18, checkpoint)
     kept = sorted(Path(p).name for p in checkpoint.best_k_models)
     assert len(kept) == 2
     assert _ckpt_files(tmp_path) == sorted([*kept, "last.ckpt"])
@@ -135,7 +135,8 @@ def test_sigkilled_runs_resume_bit_identical(tmp_path: Path, mode: str) -> None:
     def saved() -> bool:
         return store.exists() and any(p.name.startswith("step_") for p in store.iterdir())
 
-    kills = kill_and_resume(job.main, [str(killed), *steps], saved, kills=3, seed=int.from_bytes(os.urandom(2)))
+    seed = int.from_bytes(os.urandom(2))
+    kills = kill_and_resume(job.main, [str(killed), *steps], saved, kills=3, seed=seed)
     assert kills >= 1
     assert (killed / "final.txt").read_text() == (tmp_path / "whole" / "final.txt").read_text()
     assert cs.verify(store).ok

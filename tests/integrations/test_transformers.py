@@ -1,0 +1,94 @@
+"""Hugging Face Trainer with crashsafe: resume after real SIGKILLs (bit-identical), tied weights
+stored once and restored shared, policy-driven saves."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from transformers.utils import logging
+
+import crashsafe as cs
+from crashsafe.integrations.transformers import CrashsafeTrainer
+from crashsafe.workloads import hf_tiny
+
+from .conftest import kill_and_resume, run_to_end
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
+logging.set_verbosity_error()
+
+
+def _trainer(directory: Path, steps: int, every: int, **kwargs: object) -> CrashsafeTrainer:
+    return CrashsafeTrainer(
+        model=hf_tiny.tiny_gpt2(),
+        args=hf_tiny.training_args(directory, steps, every),
+        train_dataset=hf_tiny.TokenData(),
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def test_sigkilled_run_resumes_bit_identical(tmp_path: Path) -> None:
+    run_to_end(hf_tiny.main, [str(tmp_path / "whole"), "--steps", "40", "--every", "3"])
+    store = tmp_path / "killed" / "crashsafe"
+
+    def saved() -> bool:
+        return store.exists() and any(p.name.startswith("step_") for p in store.iterdir())
+
+    argv = [str(tmp_path / "killed"), "--steps", "40", "--every", "3"]
+    assert kill_and_resume(hf_tiny.main, argv, saved, kills=3, seed=int.from_bytes(os.urandom(2))) >= 1
+    assert (tmp_path / "killed" / "final.txt").read_text() == (tmp_path / "whole" / "final.txt").read_text()
+    assert cs.verify(store).ok
+
+
+def test_resume_continues_where_the_checkpoint_left_off(tmp_path: Path) -> None:
+    whole = _trainer(tmp_path / "whole", 12, 100)
+    whole.train()
+    whole.close()
+    first = _trainer(tmp_path / "run", 12, 4)
+    first.train()  # saves steps 4, 8, 12
+    first.close()
+    with cs.CheckpointManager(tmp_path / "run" / "crashsafe") as mgr:
+        mgr.delete([12])  # as if killed after step 8 was saved
+    resumed = _trainer(tmp_path / "run", 12, 4)
+    resumed.train(resume_from_checkpoint=True)
+    resumed.close()
+    assert resumed.state.global_step == 12
+    assert hf_tiny.digest(resumed.model, resumed.optimizer) == hf_tiny.digest(whole.model, whole.optimizer)
+
+
+def test_tied_weights_are_stored_once_and_load_shared(tmp_path: Path) -> None:
+    trainer = _trainer(tmp_path, 4, 4)
+    trainer.train()
+    trainer.close()
+    with cs.CheckpointManager(tmp_path / "crashsafe", read_only=True) as mgr:
+        paths = [p.path for p in mgr.manifest(4).payloads]
+        assert "model.transformer.wte.weight" in paths and "model.lm_head.weight" not in paths
+        saved = mgr.load(4)["model"]
+        assert saved["lm_head.weight"].data_ptr() == saved["transformer.wte.weight"].data_ptr()
+        fresh = {"model": hf_tiny.tiny_gpt2(seed=1)}
+        mgr.restore(fresh)
+    model = fresh["model"]
+    assert model.lm_head.weight is model.transformer.wte.weight
+    assert torch.equal(model.lm_head.weight, trainer.model.lm_head.weight)
+
+
+def test_no_checkpoint_starts_afresh_and_a_policy_decides_when_to_save(tmp_path: Path) -> None:
+    trainer = CrashsafeTrainer(
+        model=hf_tiny.tiny_gpt2(),
+        args=hf_tiny.training_args(tmp_path, 15, 1, save_strategy="no"),  # HF itself never saves
+        train_dataset=hf_tiny.TokenData(),
+        checkpoint_dir=tmp_path / "c",
+        manager_options={"policy": cs.policies.EverySteps(7)},
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.train(resume_from_checkpoint=True)
+    trainer.close()
+    with cs.CheckpointManager(tmp_path / "c", read_only=True) as mgr:
+        assert mgr.steps() == [7, 14]
+        state = mgr.load()
+    assert state["trainer_state"].global_step == 14
+    assert state["hf_config"]["n_embd"] == 64
