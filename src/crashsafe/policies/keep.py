@@ -115,11 +115,11 @@ class KeepEveryInterval(KeepPolicy):
         object.__setattr__(self, "seconds", parsed)
 
     def keep(self, steps: Sequence[int], facts: Facts) -> Set[int]:
-        timed = sorted((facts(s).created, s) for s in steps)
+        timed = sorted((created, s) for s in steps if math.isfinite(created := facts(s).created))
         kept: set[int] = set()
         last = -math.inf
         for created, step in timed:
-            if created >= last + self.seconds:  # nan compares false: never kept here
+            if created >= last + self.seconds:
                 kept.add(step)
                 last = created
         return kept
