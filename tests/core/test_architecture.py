@@ -31,7 +31,7 @@ LAYERS: list[tuple[str, ...]] = [
     ),
     ("crashsafe.shelf",),
     ("crashsafe.manager",),
-    ("crashsafe.workloads", "crashsafe.ps", "crashsafe.integrations"),
+    ("crashsafe.workloads", "crashsafe.ps", "crashsafe.integrations", "crashsafe.diff"),
     ("crashsafe.sim",),
     ("crashsafe.cli",),
     ("crashsafe",),

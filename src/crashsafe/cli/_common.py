@@ -1,4 +1,5 @@
-"""What the ``crashsafe`` subcommands share: the consoles, the error exit, byte and age formatting.
+"""What the ``crashsafe`` subcommands share: the consoles, the error exit, the options every command
+takes (a location, its storage options, ``--json``), JSON output, byte and age formatting.
 
 Every module of the command line imports these from here, never from the top-level ``app`` (which
 imports the subcommands to register them).
@@ -6,16 +7,75 @@ imports the subcommands to register them).
 
 from __future__ import annotations
 
+import json
 import time
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-__all__ = ["age", "command_group", "console", "err", "fail", "human_bytes", "progress_bar"]
+from crashsafe.storage.stores import is_url
+
+__all__ = [
+    "Dir",
+    "JsonOpt",
+    "OptionsOpt",
+    "StepOpt",
+    "age",
+    "command_group",
+    "console",
+    "emit_json",
+    "err",
+    "fail",
+    "finish",
+    "human_bytes",
+    "parse_options",
+    "progress_bar",
+]
 
 console = Console()
 err = Console(stderr=True)
+
+Dir = Annotated[str, typer.Argument(help="checkpoint directory, or an fsspec URL such as s3://bucket/run")]
+StepOpt = Annotated[int | None, typer.Option("--step", "-s", help="step (default: newest intact)")]
+OptionsOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--storage-options",
+        help='JSON for fsspec, for URLs (e.g. \'{"client_kwargs": {"endpoint_url": "http://..."}}\'); '
+        "credentials also come from the usual environment variables",
+    ),
+]
+JsonOpt = Annotated[
+    bool, typer.Option("--json", help="print one JSON document on stdout instead (schema: docs/cli.md)")
+]
+
+
+def parse_options(location: str, text: str | None) -> dict[str, Any] | None:
+    """``--storage-options`` as a dict for a URL (None for a local directory or when not given)."""
+    if text is None or not is_url(location):
+        return None
+    try:
+        options = json.loads(text)
+    except ValueError as exc:
+        raise fail(f"--storage-options is not valid JSON: {exc}") from None
+    if not isinstance(options, dict):
+        raise fail("--storage-options must be a JSON object")
+    return options
+
+
+def emit_json(document: dict[str, Any]) -> None:
+    """Print ``document`` as the command's one JSON document on stdout (strict JSON: no NaN)."""
+    typer.echo(json.dumps(document, indent=2, allow_nan=False))
+
+
+def finish(as_json: bool, document: dict[str, Any], text: str) -> None:
+    """A command's last word: ``document`` as its JSON with --json, else ``text`` for people."""
+    if as_json:
+        emit_json(document)
+    else:
+        console.print(text)
 
 
 def command_group(name: str, help: str) -> typer.Typer:
@@ -34,8 +94,13 @@ def fail(message: str, code: int = 2) -> typer.Exit:
 def progress_bar(label: str, counter: str, *, on: Console = err, transient: bool = True) -> Progress:
     """A bar: bold ``label``, the bar, ``counter`` (a rich template of the task), time elapsed."""
     return Progress(
-        TextColumn(f"[bold]{label}"), BarColumn(), TextColumn(counter), TimeElapsedColumn(), console=on,
+        TextColumn(f"[bold]{label}"),
+        BarColumn(),
+        TextColumn(counter),
+        TimeElapsedColumn(),
+        console=on,
         transient=transient,
+        disable=not on.is_terminal,  # no bar, nor the blank line it leaves, in a log or a pipe
     )
 
 

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from crashsafe.cli._common import console, err, fail
+from crashsafe.cli._common import JsonOpt, console, emit_json, err, fail
+from crashsafe.cli._tables import Column, print_table
 
 if TYPE_CHECKING:
-    from crashsafe.sim import EndRule, FailureModel, Profile, SimResult
+    from crashsafe.sim import EndRule, Estimate, FailureModel, Profile, SimResult
 
 __all__ = ["simulate_cmd"]
 
@@ -34,12 +36,12 @@ def simulate_cmd(
     seed: Annotated[int, typer.Option(help="seed of the failure draws")] = 0,
     plot: Annotated[Path, typer.Option(help="where to write the plot (a PNG); default: simulate.png in "
                                             "the current directory")] = Path("simulate.png"),
+    as_json: JsonOpt = False,
 ) -> None:
     """Replay policies on a training profile under Monte Carlo failures; print a table, write a plot."""
     import warnings
 
     from rich.progress import Progress
-    from rich.table import Table
 
     from crashsafe._units import parse_duration
     from crashsafe.errors import CrashsafeError
@@ -66,10 +68,16 @@ def simulate_cmd(
         raise fail(str(exc)) from None
 
     compute_h = results[0].outcomes.compute / 3600.0
-    table = Table(title=f"{trials} trials · MTBF {mtbf} · checkpoint {ckpt_cost} · job {compute_h:.3g} h "
-                        f"of training · end {end}")
-    for column in ("policy", "ckpts", "overhead h", "vs 1st", "weighted h", "end h", "lost loss", "fails"):
-        table.add_column(column, justify="left" if column == "policy" else "right")
+    plot_comparison(results, profile, plot, title=f"MTBF {mtbf}, checkpoint {ckpt_cost}")
+    if as_json:
+        emit_json({"trials": trials, "mtbf": mtbf, "ckpt_cost": ckpt_cost, "end": end, "job_hours": compute_h,
+                   "plot": str(plot.resolve()), "policies": [_policy_json(r, results[0]) for r in results]})
+        return
+    columns = [Column("policy"), Column("ckpts", right=True, drop=5), Column("overhead h", right=True),
+               Column("vs 1st", right=True, drop=2), Column("weighted h", right=True, drop=3),
+               Column("end h", right=True, drop=4), Column("lost loss", right=True, drop=6),
+               Column("fails", right=True, drop=7)]
+    rows = []
     for r in results:
         row = [r.policy, str(r.checkpoint_steps.size)]
         if r.unfinished == r.trials:
@@ -82,13 +90,41 @@ def simulate_cmd(
             ]
         if r.unfinished and r.unfinished < r.trials:
             row[2] += f" ({r.unfinished} DNF)"
-        table.add_row(*row)
-    console.print(table)
+        rows.append(row)
+    print_table(f"{trials} trials · MTBF {mtbf} · checkpoint {ckpt_cost} · job {compute_h:.3g} h of "
+                f"training · end {end}", columns, rows)
     console.print("overhead = stalls + lost work + restarts (mean ±95% CI); weighted = stalls + restarts "
                   "+ rolled-back loss decrease priced at the job's mean convergence rate; "
                   "vs 1st = paired ratio")
-    plot_comparison(results, profile, plot, title=f"MTBF {mtbf}, checkpoint {ckpt_cost}")
     console.print(f"wrote the plot to {plot.resolve()}")
+
+
+def _policy_json(result: SimResult, first: SimResult) -> dict[str, Any]:
+    """One policy's outcome in JSON (docs/cli.md): hours with their 95% interval; null for a policy
+    whose every trial failed to finish (and for NaN)."""
+    from crashsafe.sim import paired_ratio
+
+    done = result.unfinished < result.trials
+
+    def interval(e: Estimate, scale: float) -> dict[str, float | None] | None:
+        values = {"mean": e.mean / scale, "low": e.low / scale, "high": e.high / scale}
+        return {k: v if math.isfinite(v) else None for k, v in values.items()} if done else None
+
+    def mean(metric: str) -> float | None:
+        m = result.estimate(metric).mean
+        return m if done and math.isfinite(m) else None
+
+    return {
+        "policy": result.policy,
+        "checkpoints": int(result.checkpoint_steps.size),
+        "unfinished": result.unfinished,
+        "overhead_h": interval(result.estimate("overhead"), 3600.0),
+        "vs_first": interval(paired_ratio(result, first, "overhead"), 1.0),
+        "weighted_h": interval(result.estimate("weighted"), 3600.0),
+        "end_h": interval(result.estimate("wall"), 3600.0),
+        "lost_loss": mean("progress_lost"),
+        "failures": mean("failures"),
+    }
 
 
 def _hours(result: SimResult, metric: str) -> str:

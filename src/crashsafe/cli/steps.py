@@ -1,0 +1,263 @@
+"""``crashsafe ls``, ``verify`` and ``gc``: the committed steps of a checkpoint, checked as a load
+reads them, listed with the metrics they were saved with, and collected."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.text import Text
+
+from crashsafe.cli._common import (
+    Dir,
+    JsonOpt,
+    OptionsOpt,
+    age,
+    console,
+    emit_json,
+    err,
+    fail,
+    finish,
+    human_bytes,
+    parse_options,
+    progress_bar,
+)
+from crashsafe.cli._tables import Cell, Column, print_table
+from crashsafe.errors import CrashsafeError
+from crashsafe.storage.stores import is_url, open_store
+from crashsafe.verification import StepReport, VerifyReport, verify
+
+__all__ = ["gc_cmd", "ls_cmd", "verify_cmd"]
+
+MirrorOpt = Annotated[str | None, typer.Option("--mirror", help="the second tier (URL) to list beside DIR")]
+MetricOpt = Annotated[
+    str | None, typer.Option("--metric", help="mark the step with the best value of this metric")
+]
+ModeOpt = Annotated[
+    str, typer.Option("--mode", help="min: the lowest value is best (a loss); max: the highest")
+]
+
+
+def _verify_with_progress(location: str, options: dict[str, Any] | None) -> VerifyReport:
+    try:
+        store = open_store(location, storage_options=options)
+        try:
+            steps = store.steps()
+        finally:
+            store.close()
+        with progress_bar(f"verifying {location}", "{task.completed}/{task.total} steps") as progress:
+            task = progress.add_task("verify", total=len(steps))
+            return verify(
+                location, progress=lambda _: progress.advance(task), steps=steps, storage_options=options
+            )
+    except CrashsafeError as exc:
+        raise fail(str(exc)) from None
+
+
+def report_json(r: StepReport) -> dict[str, Any]:
+    """One step's verification in JSON (docs/cli.md: ``step``)."""
+    return {
+        "step": r.step,
+        "ok": r.ok,
+        "problem": r.problem,
+        "stored_bytes": r.stored_bytes,
+        "raw_bytes": r.raw_bytes,
+        "created": r.created,
+        "bases": sorted(r.bases),
+        "metrics": r.metrics,
+    }
+
+
+def _number(value: object) -> float | None:
+    """A metric as a finite number, or None (missing, not a number, NaN or infinite)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def _best(reports: list[StepReport], metric: str, mode: str) -> int | None:
+    """The intact step with the best finite ``metric`` (ties: the newest), or None."""
+    scored = [(v, r.step) for r in reports if r.ok and (v := _number(r.metrics.get(metric))) is not None]
+    if not scored:
+        return None
+    sign = 1.0 if mode == "min" else -1.0
+    return min(scored, key=lambda vs: (sign * vs[0], -vs[1]))[1]
+
+
+def _common_metrics(reports: list[StepReport], metric: str | None) -> list[str]:
+    """The metric keys every intact step records (in the first one's order), plus ``metric``."""
+    intact = [r.metrics for r in reports if r.ok]
+    keys = [k for k in intact[0] if all(k in m for m in intact)] if intact else []
+    return [*keys, metric] if metric is not None and metric not in keys else keys
+
+
+def _metric_text(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def ls_cmd(
+    directory: Dir,
+    mirror: MirrorOpt = None,
+    metric: MetricOpt = None,
+    mode: ModeOpt = "min",
+    storage_options: OptionsOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """List committed steps with the metrics they were saved with, size, age and integrity status
+    (of both tiers, with --mirror); --metric loss marks the best intact step."""
+    if mode not in ("min", "max"):
+        raise fail(f"--mode {mode!r}: use min (the lowest value is best) or max")
+    tiers = {"local": directory} if mirror is None else {"local": directory, "mirror": mirror}
+    by_step: dict[int, dict[str, StepReport]] = {}
+    for tier, location in tiers.items():
+        for r in _verify_with_progress(location, parse_options(location, storage_options)).steps:
+            by_step.setdefault(r.step, {})[tier] = r
+    # each step as read from its first intact tier
+    chosen = [
+        next((r for r in t.values() if r.ok), next(iter(t.values()))) for _, t in sorted(by_step.items())
+    ]
+    best = None if metric is None else _best(chosen, metric, mode)
+    if metric is not None and best is None and chosen:
+        seen = sorted({k for r in chosen for k in r.metrics})
+        raise fail(
+            f"no intact step records the metric {metric!r} as a finite number; the steps record: "
+            + (", ".join(seen) or "no metrics (pass metrics= to save)")
+        )
+    if as_json:
+        emit_json(
+            {
+                "location": directory,
+                "mirror": mirror,
+                "metric": None if metric is None else {"name": metric, "mode": mode, "best_step": best},
+                "steps": [
+                    report_json(r)
+                    | {"tiers": {t: {"ok": x.ok, "problem": x.problem} for t, x in by_step[r.step].items()}}
+                    for r in chosen
+                ],
+            }
+        )
+        return
+    if not chosen:
+        console.print(Text(f"no committed checkpoints in {' or '.join(tiers.values())}"))
+        return
+    metrics = _common_metrics(chosen, metric)
+    columns = [Column("step", right=True)]
+    columns += [Column("tier")] if mirror is not None else []
+    columns += [Column(k, right=True, drop=2 if k == metric else 5) for k in metrics]
+    columns += [
+        Column("stored", right=True, drop=7),
+        Column("raw", right=True, drop=9),
+        Column("ratio", right=True, drop=8),
+        Column("age", right=True, drop=6),
+        Column("status", folds=True, min_width=24),
+    ]
+    rows: list[list[Cell]] = []
+    for r in chosen:
+        on = by_step[r.step]
+        cells: list[Cell] = [str(r.step), "+".join(on)] if mirror is not None else [str(r.step)]
+        for k in metrics:
+            text = _metric_text(r.metrics.get(k))
+            cells.append(
+                Text(text + " (best)", style="bold green") if k == metric and r.step == best else text
+            )
+        intact = r.ok and r.stored_bytes
+        cells += [
+            human_bytes(r.stored_bytes),
+            human_bytes(r.raw_bytes) if r.ok else "-",
+            f"{r.raw_bytes / r.stored_bytes:.2f}x" if intact else "-",
+            age(r.created),
+            _status(on, mirror is not None),
+        ]
+        rows.append(cells)
+    print_table(" + ".join(tiers.values()), columns, rows)
+    for r in chosen:
+        if metric is not None and r.step == best:
+            console.print(Text(f"best {metric} ({mode}): step {best} ({_metric_text(r.metrics[metric])})"))
+
+
+def _status(on: dict[str, StepReport], name_tiers: bool) -> Text:
+    text = Text()
+    for tier, t in on.items():
+        if text:
+            text.append("; ")
+        text.append("ok" if t.ok else "damaged", style="green" if t.ok else "red")
+        text.append(f": {t.problem}" if not t.ok else "")
+        text.append(f" ({tier})" if name_tiers else "")
+    return text
+
+
+def verify_cmd(directory: Dir, storage_options: OptionsOpt = None, as_json: JsonOpt = False) -> None:
+    """Check every committed step as a load reads it (checksums, decoding, delta chains); exit 1 if
+    any step is damaged."""
+    report = _verify_with_progress(directory, parse_options(directory, storage_options))
+    reports = report.steps
+    bad = [r for r in reports if not r.ok]
+    if as_json:
+        emit_json(
+            {
+                "location": directory,
+                "ok": report.ok,
+                "steps": [report_json(r) for r in reports],
+                "leftovers": report.leftovers,
+            }
+        )
+    else:
+        for r in reports:
+            if r.ok:
+                console.print(f"[green]ok[/]      step {r.step}  {human_bytes(r.stored_bytes)}")
+            else:
+                console.print(Text.assemble(("DAMAGED", "red"), f" step {r.step}: {r.problem}"))
+        for name in report.leftovers:
+            console.print(
+                Text.assemble(
+                    ("leftover", "yellow"), f" {name} (a torn save; ignored, cleaned by the next writer)"
+                )
+            )
+    if bad:
+        intact = [r.step for r in reports if r.ok]
+        hint = f"newest intact step: {intact[-1]}" if intact else "no intact step"
+        err.print(
+            f"[bold red]{len(bad)} of {len(reports)} steps damaged[/]; {hint}. Restore falls "
+            "back to the newest intact step; delete damaged ones with `crashsafe gc`."
+        )
+        raise typer.Exit(1)
+    if not as_json:
+        console.print(f"[bold green]all {len(reports)} steps intact[/]")
+
+
+def gc_cmd(
+    directory: Dir,
+    keep_last: Annotated[int, typer.Option("--keep-last", min=1, help="steps to keep")] = 3,
+    keep_every: Annotated[int | None, typer.Option(help="also keep multiples of this")] = None,
+    delete_damaged: Annotated[bool, typer.Option(help="also delete damaged steps")] = False,
+    storage_options: OptionsOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Delete old steps (and torn leftovers) crash-safely, keeping the newest N."""
+    from crashsafe.manager import CheckpointManager
+
+    options = parse_options(directory, storage_options)
+    if not is_url(directory) and not Path(directory).is_dir():
+        raise fail(f"{directory} is not a directory")
+    try:  # opening as the writer removes torn leftovers; gc keeps every delta base a kept step needs
+        store = open_store(directory, storage_options=options)
+        torn = store.leftovers()
+        store.close()
+        with CheckpointManager(
+            directory, keep_last=keep_last, keep_every=keep_every, async_save=False, storage_options=options
+        ) as mgr:
+            deleted = mgr.gc(delete_damaged=delete_damaged)
+            kept = mgr.steps()
+    except CrashsafeError as exc:
+        raise fail(str(exc)) from None
+    finish(
+        as_json,
+        {"location": directory, "deleted": deleted, "leftovers": torn, "kept": kept},
+        f"deleted {len(deleted)} steps and {len(torn)} leftovers; kept {kept}",
+    )
