@@ -1,15 +1,17 @@
 """One rank of a small DDP or FSDP2 training job that checkpoints with crashsafe.
 
 Usage (env RANK, WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT set by the test):
-    job.py KIND DIR STEPS EVERY OUT [TIMEOUT]
+    job.py KIND DIR STEPS EVERY OUT [TIMEOUT] [STOP]
 KIND is ddp or fsdp. The job restores from DIR (if a step is there), trains to STEPS saving every
-EVERY steps, and rank 0 writes the final full model and optimizer state to OUT (.npz). Batches are
-drawn from (step, rank), so a resumed run sees the same data as an uninterrupted one. Prints
-"step N" after each step and "resumed N" at start.
+EVERY steps, and rank 0 writes the final full model and optimizer state to OUT (.npz). With STOP it
+first trains to STOP only, then builds a fresh model, optimizer and RNG state and resumes from the
+checkpoint, as a restarted job would. Batches are drawn from (step, rank), so a resumed run sees the
+same data as an uninterrupted one. Prints "resumed N" at start and "step N" after each step.
 """
 
-import os
 import sys
+import time
+from typing import Any
 
 import numpy as np
 import torch
@@ -41,10 +43,8 @@ def full(value: torch.Tensor) -> np.ndarray:
     return tensor.detach().numpy().copy()
 
 
-def main() -> None:
-    kind, directory, steps, every, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
-    timeout = float(sys.argv[6]) if len(sys.argv) > 6 else 60.0
-    dist.init_process_group("gloo")
+def train(kind: str, directory: str, steps: int, every: int, timeout: float) -> tuple[Any, Any]:
+    """Restore (if a step is there), then train to ``steps``; return the model and optimizer."""
     rank, world = dist.get_rank(), dist.get_world_size()
     model, optim = build(kind, world)
     state = {"model": model, "optim": optim, "rng": RNGState(), "step": 0}
@@ -54,18 +54,38 @@ def main() -> None:
         while state["step"] < steps:
             step = state["step"]
             g = torch.Generator().manual_seed(1000 * step + rank)
-            x, noise = torch.randn(16, 8, generator=g), torch.randn(16, 6) * 0.01  # rng used: restored exactly
+            x, noise = (
+                torch.randn(16, 8, generator=g),
+                torch.randn(16, 6) * 0.01,
+            )  # rng used: restored exactly
             optim.zero_grad()
             (model(x) + noise).pow(2).mean().backward()
             optim.step()
             state["step"] = step + 1
+            time.sleep(0.02)  # a step takes a while, so a kill can land anywhere in it
             if state["step"] % every == 0:
                 mgr.save(state["step"], state)
             print(f"step {state['step']}", flush=True)
+    return model, optim
+
+
+def main() -> None:
+    kind, directory, steps, every, out = (
+        sys.argv[1],
+        sys.argv[2],
+        int(sys.argv[3]),
+        int(sys.argv[4]),
+        sys.argv[5],
+    )
+    timeout = float(sys.argv[6]) if len(sys.argv) > 6 else 60.0
+    dist.init_process_group("gloo")
+    if len(sys.argv) > 7:
+        train(kind, directory, int(sys.argv[7]), every, timeout)
+    model, optim = train(kind, directory, steps, every, timeout)
     arrays = {f"model.{k}": full(v) for k, v in model.state_dict().items()}
     for i, slots in optim.state_dict()["state"].items():
         arrays.update({f"optim.{i}.{k}": full(v) for k, v in slots.items()})
-    if rank == 0:
+    if dist.get_rank() == 0:
         np.savez(out, **arrays)
     dist.destroy_process_group()
 
