@@ -1,7 +1,13 @@
-"""Export a step's tensors to a safetensors file, checksums verified on the way."""
+"""Export a step's tensors to a safetensors file (or a Hugging Face model folder), checksums verified.
+
+Tensors are named by their dotted state paths; ``prefix`` selects the ones under it and is
+stripped, so ``prefix="model."`` gives the names ``model.state_dict()`` has and the file loads with
+``load_state_dict(strict=True)``. Views (tied weights) are exported under each of their names.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -11,9 +17,14 @@ import numpy as np
 
 from crashsafe.chain import read_step
 from crashsafe.errors import CrashsafeError, NoCheckpointError
+from crashsafe.format.manifest import Manifest
+from crashsafe.state.rebuild import array_nodes, unflatten, view_of
 from crashsafe.storage.stores import open_store
 
-__all__ = ["export_safetensors"]
+__all__ = ["HF_CONFIG_KEY", "export_hf", "export_safetensors"]
+
+HF_CONFIG_KEY = "hf_config"  # a state's model config (``model.config.to_dict()``), for --hf-dir
+Progress = Callable[[int, int], None]
 
 
 def export_safetensors(
@@ -22,15 +33,48 @@ def export_safetensors(
     *,
     step: int | None = None,
     prefix: str = "",
-    progress: Callable[[int, int], None] | None = None,
+    keep_prefix: bool = False,
+    progress: Progress | None = None,
     storage_options: Mapping[str, Any] | None = None,
 ) -> tuple[int, int, int]:
-    """Write the arrays of ``step`` (default newest) to ``output``; return (step, count, bytes).
+    """Write the tensors of ``step`` (default newest) under ``prefix`` to ``output`` with the prefix
+    stripped (kept with ``keep_prefix``); return (step, count, bytes). Bytes and python values are
+    not exported."""
+    found, manifest, arrays = _read(directory, step, storage_options)
+    tensors, bf16 = _tensors(manifest, arrays, prefix, keep_prefix, progress)
+    _save(tensors, bf16, Path(output), found)
+    return found, len(tensors), sum(a.nbytes for a in tensors.values())
 
-    Tensor names are the dotted state paths. Bytes and python values are not exported.
-    """
-    from safetensors.numpy import save_file
 
+def export_hf(
+    directory: str | os.PathLike[str],
+    folder: str | os.PathLike[str],
+    *,
+    step: int | None = None,
+    prefix: str = "model.",
+    progress: Progress | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+) -> tuple[int, int, int, bool]:
+    """A folder ``from_pretrained`` reads: ``model.safetensors`` (the tensors under ``prefix``, prefix
+    stripped) and, if the state holds ``hf_config``, ``config.json``. Returns (step, count, bytes,
+    whether a config was written)."""
+    found, manifest, arrays = _read(directory, step, storage_options)
+    tensors, bf16 = _tensors(manifest, arrays, prefix, False, progress)
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    _save(tensors, bf16, out / "model.safetensors", found)
+    tree = manifest.tree
+    config = None
+    if tree["t"] == "dict" and HF_CONFIG_KEY in tree["keys"]:
+        config = unflatten(tree["vals"][tree["keys"].index(HF_CONFIG_KEY)], arrays)
+    if isinstance(config, dict):
+        (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True, default=str) + "\n")
+    return found, len(tensors), sum(a.nbytes for a in tensors.values()), isinstance(config, dict)
+
+
+def _read(
+    directory: str | os.PathLike[str], step: int | None, storage_options: Mapping[str, Any] | None
+) -> tuple[int, Manifest, list[np.ndarray[Any, Any]]]:
     store = open_store(directory, storage_options=storage_options)
     try:
         if step is None:
@@ -41,39 +85,57 @@ def export_safetensors(
         manifest, arrays = read_step(store, step)  # verified, and through delta chains
     finally:
         store.close()
-    tensors: dict[str, np.ndarray] = {}
-    bf16: list[str] = []
-    entries = [
-        (e, a)
-        for e, a in zip(manifest.payloads, arrays, strict=True)
-        if e.kind != "bytes" and e.path.startswith(prefix)
-    ]
-    for i, (entry, array) in enumerate(entries):
+    return step, manifest, arrays
+
+
+def _tensors(
+    manifest: Manifest,
+    arrays: list[np.ndarray[Any, Any]],
+    prefix: str,
+    keep_prefix: bool,
+    progress: Progress | None,
+) -> tuple[dict[str, np.ndarray[Any, Any]], set[str]]:
+    """The arrays under ``prefix`` by export name (a view becomes a contiguous copy of its values),
+    and the names of the bfloat16 ones (stored as uint16)."""
+    chosen = [(path, node) for path, node in array_nodes(manifest.tree) if path.startswith(prefix)]
+    chosen = [(path, node) for path, node in chosen if manifest.payloads[node["id"]].kind != "bytes"]
+    tensors: dict[str, np.ndarray[Any, Any]] = {}
+    bf16 = set()
+    for i, (path, node) in enumerate(chosen):
+        entry = manifest.payloads[node["id"]]
         if entry.dtype.startswith("float8"):
-            raise CrashsafeError(f"{entry.path}: float8 tensors cannot be exported to safetensors")
+            raise CrashsafeError(f"{path}: float8 tensors cannot be exported to safetensors")
+        name = path if keep_prefix else path[len(prefix) :]
+        if not name:
+            raise CrashsafeError(
+                f"{path!r} is the prefix itself: stripped, it has no name. Use --keep-prefix"
+            )
         if entry.dtype == "bfloat16":
-            bf16.append(entry.path)
-        tensors[entry.path] = array
+            bf16.add(name)
+        array = arrays[node["id"]]
+        tensors[name] = array if node["t"] == "array" else np.ascontiguousarray(view_of(array, node))
         if progress is not None:
-            progress(i + 1, len(entries))
+            progress(i + 1, len(chosen))
     if not tensors:
-        raise NoCheckpointError(f"step {step} has no tensors under prefix {prefix!r}")
-    if bf16:
-        _save_with_torch(tensors, bf16, Path(output))
-    else:
-        save_file(tensors, str(output), metadata={"crashsafe_step": str(step)})
-    nbytes = sum(a.nbytes for a in tensors.values())
-    return step, len(tensors), nbytes
+        raise NoCheckpointError(f"step {manifest.step} has no tensors under prefix {prefix!r}")
+    return tensors, bf16
 
 
-def _save_with_torch(tensors: dict[str, np.ndarray], bf16: list[str], output: Path) -> None:
+def _save(tensors: dict[str, np.ndarray[Any, Any]], bf16: set[str], output: Path, step: int) -> None:
+    """safetensors with the metadata transformers requires (``format: pt``); bfloat16 through torch."""
+    metadata = {"format": "pt", "crashsafe_step": str(step)}
+    if not bf16:
+        from safetensors.numpy import save_file
+
+        save_file(tensors, str(output), metadata=metadata)
+        return
     try:
         import torch
-        from safetensors.torch import save_file
+        from safetensors.torch import save_file as save_torch
     except ImportError:
         raise CrashsafeError("exporting bfloat16 tensors needs torch; install crashsafe[torch]") from None
     converted = {}
     for name, array in tensors.items():
         t = torch.from_numpy(array)
         converted[name] = t.view(torch.bfloat16) if name in bf16 else t
-    save_file(converted, str(output))
+    save_torch(converted, str(output), metadata=metadata)

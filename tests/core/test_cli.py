@@ -58,9 +58,9 @@ def test_export_writes_a_safetensors_file(ckpt: Path, tmp_path: Path) -> None:
     result = runner.invoke(app, ["export", str(ckpt), "-o", str(out), "--prefix", "model."])
     assert result.exit_code == 0, result.output
     tensors = load_file(out)
-    assert set(tensors) == {"model.w", "model.h"}
-    assert torch.equal(tensors["model.w"], torch.full((4, 3), 5.0))
-    assert tensors["model.h"].dtype == torch.bfloat16
+    assert set(tensors) == {"w", "h"}  # --prefix strips the prefix (docs/integrations.md)
+    assert torch.equal(tensors["w"], torch.full((4, 3), 5.0))
+    assert tensors["h"].dtype == torch.bfloat16
 
 
 def test_gc_keeps_the_newest(ckpt: Path) -> None:

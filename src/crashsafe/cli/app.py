@@ -38,15 +38,34 @@ app.command("gc")(gc_cmd)
 @app.command("export")
 def export_cmd(
     directory: Dir,
-    output: Annotated[Path, typer.Option("--output", "-o", help="the .safetensors file to write")],
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="the .safetensors file to write")
+    ] = None,
     step: StepOpt = None,
-    prefix: Annotated[str, typer.Option(help="only tensors whose path starts with this")] = "",
+    prefix: Annotated[
+        str | None,
+        typer.Option(
+            help="only tensors whose path starts with this, named without it: --prefix model. gives the "
+            "names of model.state_dict() (default: all tensors; 'model.' with --hf-dir)"
+        ),
+    ] = None,
+    keep_prefix: Annotated[bool, typer.Option("--keep-prefix", help="keep the prefix in the names")] = False,
+    hf_dir: Annotated[
+        Path | None,
+        typer.Option("--hf-dir", help="write a folder for from_pretrained: model.safetensors, config.json"),
+    ] = None,
     storage_options: OptionsOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Export a step's tensors to a safetensors file (verified on the way)."""
-    from crashsafe.export import export_safetensors
+    """Export a step's tensors to a safetensors file or a Hugging Face folder (verified on the way)."""
+    from crashsafe.export import export_hf, export_safetensors
 
+    if (output is None) == (hf_dir is None):
+        raise fail("give one of --output FILE and --hf-dir FOLDER")
+    if hf_dir is not None and keep_prefix:
+        raise fail("--keep-prefix does not apply to --hf-dir: from_pretrained wants the model's own names")
+    options = _options(directory, storage_options)
+    config = False
     try:
         with Progress(
             TextColumn("[bold]exporting"),
@@ -60,20 +79,33 @@ def export_cmd(
             def tick(done: int, total: int) -> None:
                 progress.update(task, completed=done, total=total)
 
-            found, count, nbytes = export_safetensors(
-                directory,
-                output,
-                step=step,
-                prefix=prefix,
-                progress=tick,
-                storage_options=_options(directory, storage_options),
-            )
+            if hf_dir is not None:
+                found, count, nbytes, config = export_hf(
+                    directory,
+                    hf_dir,
+                    step=step,
+                    prefix="model." if prefix is None else prefix,
+                    progress=tick,
+                    storage_options=options,
+                )
+            else:
+                found, count, nbytes = export_safetensors(
+                    directory,
+                    output or Path(),
+                    step=step,
+                    prefix=prefix or "",
+                    keep_prefix=keep_prefix,
+                    progress=tick,
+                    storage_options=options,
+                )
     except CrashsafeError as exc:
         raise fail(str(exc)) from None
+    target = str(hf_dir if hf_dir is not None else output)
+    extra = " and config.json" if config else ""
     finish(
         as_json,
-        {"step": found, "tensors": count, "bytes": nbytes, "output": str(output)},
-        f"wrote {count} tensors ({human_bytes(nbytes)}) of step {found} to {output}",
+        {"step": found, "tensors": count, "bytes": nbytes, "output": target, "config": config},
+        f"wrote {count} tensors ({human_bytes(nbytes)}){extra} of step {found} to {target}",
     )
 
 

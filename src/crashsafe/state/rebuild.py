@@ -9,7 +9,7 @@ import os
 import pathlib
 import sys
 from collections import OrderedDict
-from collections.abc import Mapping, MutableMapping, MutableSequence, Sequence
+from collections.abc import Iterator, Mapping, MutableMapping, MutableSequence, Sequence
 from typing import Any
 
 import numpy as np
@@ -20,7 +20,7 @@ from crashsafe.format.dtypes import torch_dtype_name
 from crashsafe.state.torch_fit import misfit
 from crashsafe.state.tree import format_path, is_stateful, numpy_dtype_name
 
-__all__ = ["apply_into", "check_into", "live_class", "to_value", "unflatten"]
+__all__ = ["apply_into", "array_nodes", "check_into", "live_class", "to_value", "unflatten", "view_of"]
 
 
 def unflatten(tree: dict[str, Any], values: Sequence[Any]) -> Any:
@@ -51,8 +51,26 @@ def unflatten(tree: dict[str, Any], values: Sequence[Any]) -> Any:
     if t == "stateful":
         return unflatten(tree["value"], values)
     if t == "view":
-        return _view(values[tree["id"]], tree["offset"], tree["shape"], tree["stride"])
+        return view_of(values[tree["id"]], tree)
     return _plain_value(tree, values)
+
+
+def array_nodes(
+    tree: dict[str, Any], parts: tuple[str | int, ...] = ()
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(dotted path, node) of every array and view node of a validated tree, in tree order: the
+    names ``flatten`` gave them (``crashsafe export`` names tensors so)."""
+    t = tree["t"]
+    if t in ("array", "view"):
+        yield format_path(parts), tree
+    elif t in ("dict", "namespace", "dataclass"):
+        for key, child in zip(tree["keys"], tree["vals"], strict=True):
+            yield from array_nodes(child, (*parts, key))
+    elif t in ("list", "tuple"):
+        for i, child in enumerate(tree["items"]):
+            yield from array_nodes(child, (*parts, i))
+    elif t in ("stateful", "enum"):
+        yield from array_nodes(tree["value"], parts)
 
 
 def _plain_value(tree: dict[str, Any], values: Sequence[Any]) -> Any:
@@ -113,8 +131,9 @@ def _dataclass(cls: object, fields: dict[str, Any]) -> Any:
     return obj
 
 
-def _view(base: Any, offset: int, shape: list[int], stride: list[int]) -> Any:
-    """A view into ``base`` (validated: every element inside it) sharing its memory."""
+def view_of(base: Any, node: dict[str, Any]) -> Any:
+    """The view a validated view node describes, into ``base`` (tensor or array), sharing its memory."""
+    offset, shape, stride = node["offset"], node["shape"], node["stride"]
     if is_tensor(base):
         return base.as_strided(shape, stride, base.storage_offset() + offset)
     flat = base.reshape(-1)  # a view of a C-contiguous array (a copy otherwise: same values)

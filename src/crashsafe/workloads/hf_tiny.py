@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     warnings.filterwarnings("ignore")
-    logging.set_verbosity_error()
+    logging.set_verbosity_error()  # type: ignore[no-untyped-call]
     trainer = CrashsafeTrainer(
         model=tiny_gpt2(),
         args=training_args(args.directory, args.steps, args.every),
