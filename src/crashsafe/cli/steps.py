@@ -25,6 +25,16 @@ from crashsafe.cli._common import (
     progress_bar,
 )
 from crashsafe.cli._tables import Cell, Column, print_table
+from crashsafe.cli.keep import (
+    KeepBestOpt,
+    KeepEveryOpt,
+    KeepIntervalOpt,
+    KeepLastOpt,
+    KeepMetricOpt,
+    KeepMissingOpt,
+    KeepModeOpt,
+    keep_policy,
+)
 from crashsafe.errors import CrashsafeError
 from crashsafe.storage.stores import is_url, open_store
 from crashsafe.verification import StepReport, VerifyReport, verify
@@ -233,15 +243,22 @@ def verify_cmd(directory: Dir, storage_options: OptionsOpt = None, as_json: Json
 
 def gc_cmd(
     directory: Dir,
-    keep_last: Annotated[int, typer.Option("--keep-last", min=1, help="steps to keep")] = 3,
-    keep_every: Annotated[int | None, typer.Option(help="also keep multiples of this")] = None,
+    keep_last: KeepLastOpt = None,
+    keep_every: KeepEveryOpt = None,
+    keep_interval: KeepIntervalOpt = None,
+    keep_best: KeepBestOpt = None,
+    metric: KeepMetricOpt = None,
+    mode: KeepModeOpt = "min",
+    missing: KeepMissingOpt = "keep",
     delete_damaged: Annotated[bool, typer.Option(help="also delete damaged steps")] = False,
     storage_options: OptionsOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Delete old steps (and torn leftovers) crash-safely, keeping the newest N."""
+    """Delete old steps (and torn leftovers) crash-safely, keeping the newest N, or what the --keep-*
+    options name (their union), the newest step and every delta base a kept step needs."""
     from crashsafe.manager import CheckpointManager
 
+    keep = keep_policy(keep_last, keep_every, keep_interval, keep_best, metric, mode, missing)
     options = parse_options(directory, storage_options)
     if not is_url(directory) and not Path(directory).is_dir():
         raise fail(f"{directory} is not a directory")
@@ -249,9 +266,7 @@ def gc_cmd(
         store = open_store(directory, storage_options=options)
         torn = store.leftovers()
         store.close()
-        with CheckpointManager(
-            directory, keep_last=keep_last, keep_every=keep_every, async_save=False, storage_options=options
-        ) as mgr:
+        with CheckpointManager(directory, keep=keep, async_save=False, storage_options=options) as mgr:
             deleted = mgr.gc(delete_damaged=delete_damaged)
             kept = mgr.steps()
     except CrashsafeError as exc:
