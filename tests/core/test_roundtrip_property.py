@@ -4,8 +4,11 @@ input (docs/state.md), bitwise for arrays. Raw sync and async, zstd, and Increme
 
 from __future__ import annotations
 
+import argparse
 import collections
+import dataclasses
 import enum
+import pathlib
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -36,6 +39,33 @@ class Rate(float, enum.Enum):
 class Perm(enum.IntFlag):
     R = 4
     W = 2
+
+
+class Color(enum.Enum):  # a plain enum: comes back as its member
+    RED = (1, "r")
+    NONE = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    lr: float
+    name: str
+    dtype: torch.dtype
+
+
+class Tied(tuple[torch.Tensor, torch.Tensor]):
+    """(base, a view of base): stored once, must load back sharing memory."""
+
+    kind: str
+
+
+def tied(tensor: torch.Tensor, kind: str) -> Tied:
+    base = torch.empty(tensor.shape, dtype=tensor.dtype).copy_(tensor.detach())
+    flat = base.view(-1)
+    views = {"same": base, "flat": flat, "tail": flat[1:], "t": base.t() if base.ndim <= 2 else base.mT}
+    pair = Tied((base, views[kind]))
+    pair.kind = kind
+    return pair
 
 
 Point = collections.namedtuple("Point", "x y")
@@ -102,6 +132,21 @@ huge_ints = st.builds(  # around the most decimal digits python reads back
     st.integers(MAX_DIGITS - 2, MAX_DIGITS + 2),
     st.sampled_from([1, -1]),
 )
+ALL_TORCH_DTYPES = sorted({v for v in vars(torch).values() if isinstance(v, torch.dtype)}, key=str)
+DEVICES = [torch.device("cpu"), torch.device("cuda", 3), torch.device("meta"), torch.device("xla:1")]
+framework_values = st.one_of(  # what Lightning and HF put into checkpoints
+    st.sampled_from(ALL_TORCH_DTYPES),
+    st.sampled_from(DEVICES),
+    st.builds(pathlib.PurePosixPath, texts),
+    st.builds(pathlib.PosixPath, texts.filter(lambda t: "\x00" not in t)),
+    st.builds(pathlib.PureWindowsPath, texts),
+    st.sampled_from(list(Color)),
+    st.builds(Config, st.floats(), texts, st.sampled_from(ALL_TORCH_DTYPES)),
+    st.dictionaries(st.sampled_from(["a", "b", "c.d"]), st.integers() | texts, max_size=3).map(
+        lambda kv: argparse.Namespace(**kv)
+    ),
+    st.builds(tied, tensors(), st.sampled_from(["same", "flat", "tail", "t"])),
+)
 leaves = st.one_of(
     st.none(),
     st.booleans(),
@@ -116,6 +161,7 @@ leaves = st.one_of(
     numpy_arrays(),
     numpy_scalars(),
     tensors(),
+    framework_values,
 )
 # Small key sets so that dotted paths collide ("a.b" vs a/b, 0 vs "0") and keys hold dots/surrogates.
 keys = st.sampled_from(["a", "b", "a.b", "", "0", 0, 1, Phase.TRAIN, Split.TEST, "\ud800"])
@@ -160,6 +206,19 @@ def _expect(value: Any, parts: tuple[Any, ...], owners: dict[str, tuple[Any, ...
         return int(value)
     if isinstance(value, float):
         return float(value)
+    if isinstance(value, (torch.dtype, torch.device, pathlib.PurePath)):
+        return value
+    if isinstance(value, Color):
+        _expect(value.value, parts, owners)
+        return value
+    if isinstance(value, argparse.Namespace):
+        return argparse.Namespace(**{k: _expect(v, (*parts, k), owners) for k, v in vars(value).items()})
+    if isinstance(value, Config):
+        fields = {
+            f.name: _expect(getattr(value, f.name), (*parts, f.name), owners)
+            for f in dataclasses.fields(value)
+        }
+        return Config(**fields)
     if isinstance(value, str):
         return "".join(value)  # a plain str
     if isinstance(value, (bytes, bytearray)):
@@ -199,6 +258,10 @@ def same(expected: Any, got: Any) -> bool:
         return expected.dtype == got.dtype and expected.shape == got.shape and _bits(expected) == _bits(got)
     if isinstance(expected, float):
         return expected.hex() == got.hex() or (expected != expected and got != got)
+    if isinstance(expected, argparse.Namespace):
+        return same(vars(expected), vars(got))
+    if isinstance(expected, Config):
+        return all(same(getattr(expected, f.name), getattr(got, f.name)) for f in dataclasses.fields(Config))
     if isinstance(expected, dict):
         return [(type(k), k) for k in expected] == [(type(k), k) for k in got] and all(
             same(expected[k], got[k]) for k in expected
@@ -214,6 +277,8 @@ def _bits(tensor: torch.Tensor) -> bytes:
 
 def perturbed(value: Any) -> Any:
     """The same structure with every array's bits changed: a second save for delta codecs."""
+    if isinstance(value, Tied):
+        return tied(perturbed(value[0]), value.kind)
     if isinstance(value, torch.Tensor):
         plain = torch.empty(value.shape, dtype=value.dtype).copy_(value.detach())
         if plain.dtype == torch.bool:
@@ -254,6 +319,24 @@ def _save_and_compare(directory: Path, saves: list[Mapping[Any, Any]], **manager
         for step, want in enumerate(expected):
             got = mgr.load(step)
             assert same(want, got), (want, got)
+            _assert_still_tied(saves[step], got)
+
+
+def _assert_still_tied(saved: Any, got: Any) -> None:
+    """Every Tied pair of the saved state loads back as two tensors sharing one storage."""
+    if isinstance(saved, Tied):
+        if saved[1].numel():  # an empty view has no memory to share
+            assert got[0].untyped_storage().data_ptr() == got[1].untyped_storage().data_ptr()
+    elif isinstance(saved, Mapping):
+        for key, value in saved.items():
+            _assert_still_tied(value, got[key if type(key) in (int, str) else _plain(key)])
+    elif isinstance(saved, (list, tuple)):
+        for s, g in zip(saved, got, strict=True):
+            _assert_still_tied(s, g)
+
+
+def _plain(key: Any) -> Any:
+    return int(key) if isinstance(key, int) else "".join(key)
 
 
 PROPERTY = settings(max_examples=40, deadline=None)
