@@ -81,7 +81,12 @@ def finish(as_json: bool, document: dict[str, Any], text: str) -> None:
 def command_group(name: str, help: str) -> typer.Typer:
     """A typer app for one command or group, with the settings every crashsafe command uses."""
     return typer.Typer(
-        name=name, help=help, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False
+        name=name,
+        help=help,
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+        rich_markup_mode="markdown",
     )
 
 

@@ -79,9 +79,7 @@ def print_table(
         on.print(table)
     left_out = [c.name for i, c in enumerate(columns) if i not in shown]
     if left_out:
-        on.print(
-            Text(f"(not shown at {on.width} columns: {', '.join(left_out)}; use a wider terminal or --json)")
-        )
+        on.print(Text(f"(left out at {on.width} columns: {', '.join(left_out)}; see --json)"))
 
 
 def _cell_len(cell: Cell) -> int:

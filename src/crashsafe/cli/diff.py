@@ -31,10 +31,10 @@ _STATUS = {  # status: (in a row, in the count, colour)
 
 def diff_cmd(
     first: Annotated[
-        str, typer.Argument(help="DIR (then A and B are steps in it), or DIR_A", show_default=False)
+        str, typer.Argument(metavar="DIR", help="the checkpoint (A and B are then its steps), or DIR_A")
     ],
-    second: Annotated[str, typer.Argument(help="step A, or DIR_B", show_default=False)],
-    third: Annotated[str | None, typer.Argument(help="step B (with DIR A B)", show_default=False)] = None,
+    second: Annotated[str, typer.Argument(metavar="A", help="step A, or DIR_B")],
+    third: Annotated[str | None, typer.Argument(metavar="B", help="step B (with DIR A B)")] = None,
     step_a: Annotated[
         int | None, typer.Option("--step-a", help="with DIR_A DIR_B: A's step (default: newest)")
     ] = None,

@@ -113,7 +113,7 @@ def _tensors(m: Manifest) -> None:
         Column("dtype"),
         Column("shape"),
         *([Column("of global", drop=4)] if sharded else []),
-        Column("codec", folds=True, breaks=",(", min_width=10, drop=5),
+        Column("codec", folds=True, breaks=",(", min_width=20, drop=5),
         Column("delta of", right=True, drop=6),
         Column("raw", right=True, drop=8),
         Column("stored", right=True, drop=2),
