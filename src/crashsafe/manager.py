@@ -390,10 +390,11 @@ class CheckpointManager:
         store = self._writable()
         self._wait_pending()
         self._check_store(store, "collecting garbage")
-        doomed = set(doomed_steps(store, self.keep, self._bases, facts=self._facts))
+        doomed = set(self._apply_retention(store, None))  # as after a save: what the mirror lacks stays
         if delete_damaged:
-            doomed |= {r.step for r in verify(self.directory, storage_options=self._storage_options).damaged}
-        self._delete(store, sorted(doomed))
+            damaged = {r.step for r in verify(self.directory, storage_options=self._storage_options).damaged}
+            self._delete(store, sorted(damaged - doomed))
+            doomed |= damaged
         return sorted(doomed)
 
     def _wait_pending(self) -> None:

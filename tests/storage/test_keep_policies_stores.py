@@ -4,16 +4,20 @@ the same steps kept as the oracle says, delta chains intact, the best step found
 from __future__ import annotations
 
 import shutil
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 import crashsafe as cs
 from crashsafe.chain import direct_bases
 from crashsafe.policies import KeepBest, KeepEveryInterval, KeepLast, KeepPolicy, StepFacts
 
 from ..policies.retention_oracle import expected_kept
+from .faultproxy import FaultProxy
 
 DELTA = {"w": cs.codecs.Incremental(full_every=3)}
 
@@ -78,3 +82,37 @@ def test_the_mirror_keeps_its_best_and_a_new_machine_restores_the_best(
         assert mgr.best_step("val_loss") == best
         assert mgr.restore(fresh, step="best", metric="val_loss") == best
     assert fresh["step"] == best and np.all(fresh["w"] == best)
+
+
+@pytest.fixture
+def proxy(s3_endpoint: str) -> Iterator[FaultProxy]:
+    fault_proxy = FaultProxy(int(s3_endpoint.rsplit(":", 1)[1]))
+    try:
+        yield fault_proxy
+    finally:
+        fault_proxy.close()
+
+
+def test_gc_keeps_what_the_mirror_lacks(
+    tmp_path: Path, bucket: str, options: dict[str, Any], proxy: FaultProxy
+) -> None:
+    """With the mirror unreachable, an explicit gc, like the retention after a save, keeps every
+    local step that is not mirrored yet (and its bases)."""
+    client = {**options["client_kwargs"], "endpoint_url": proxy.endpoint}
+    flaky = {**options, "client_kwargs": client, "config_kwargs": {"retries": {"max_attempts": 1}}}
+    mirror = f"s3://{bucket}/run"
+    keep = KeepBest(1, "val_loss", missing="drop")
+    with cs.CheckpointManager(tmp_path / "local", keep=keep, mirror=mirror, storage_options=flaky) as mgr:
+        local = cs.CheckpointManager(tmp_path / "local", read_only=True)
+        proxy.fault("drop")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", cs.MirrorWarning)
+            for step in range(1, 5):
+                mgr.save(step, {"step": step}, {"val_loss": _val_loss(step)})
+            assert not mgr.wait_mirror(timeout=60)
+            assert mgr.gc() == [] and local.steps() == [1, 2, 3, 4]
+            proxy.fault("pass", 0)
+            mgr.save(5, {"step": 5}, {"val_loss": _val_loss(5)})
+            assert mgr.wait_mirror(timeout=60)
+            best = min(range(1, 6), key=_val_loss)
+            assert local.steps() == sorted({best, 5}) and mgr.gc() == []  # all mirrored: retention as usual
