@@ -30,7 +30,8 @@ def test_ls_shows_both_tiers(tmp_path: Path, bucket: str, options: dict[str, Any
         app, ["ls", str(tmp_path / "local"), "--mirror", url, "--storage-options", json.dumps(options)]
     )
     assert result.exit_code == 0, result.output
-    rows = {line.split()[0]: line for line in result.stdout.splitlines() if line.split()[:1] != [] and line.split()[0].isdigit()}
+    lines = result.stdout.splitlines()
+    rows = {line.split()[0]: line for line in lines if line.split()[:1] != [] and line.split()[0].isdigit()}
     assert set(rows) == {"2", "3", "4"}  # plain text when piped: the step is the first word of its row
     assert "local+mirror" in rows["4"] and "mirror" in rows["3"] and "local" not in rows["3"]
 
