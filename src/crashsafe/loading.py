@@ -46,10 +46,10 @@ def read_state(
             values: list[Any] = [None] * len(manifest.payloads)  # a tree asks only for the arrays it uses
             for i in sorted(array_ids(tree)):
                 entry = manifest.payloads[i]
-                if entry.shard is None:
+                target = None if targets is None else targets.get(entry.path)
+                if entry.shard is None and target is None:
                     values[i] = to_value(entry.kind, entry.dtype, chains.decode(step, entry), numpy)
                 else:
-                    target = None if targets is None else targets.get(entry.path)
                     values[i] = read_sharded(chains, manifest, entry, target, numpy)
     except OSError as exc:
         if isinstance(exc, CrashsafeError):
@@ -102,9 +102,8 @@ def newest_intact(
     order for one step: a local copy before its mirror), or None if there is no step at all."""
     damage: dict[tuple[int, int], str] = {}
     for _ in range(READ_ATTEMPTS):
-        candidates = sorted(
-            ((step, -i) for i, store in enumerate(stores) for step in store.steps()), reverse=True
-        )
+        listed = listed_steps(stores, stacklevel + 1)
+        candidates = sorted(((step, -i) for i, steps in enumerate(listed) for step in steps), reverse=True)
         if not candidates:
             return None
         vanished = False

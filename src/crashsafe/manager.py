@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import os
 import time
+import warnings
 from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -23,23 +24,26 @@ from crashsafe._metrics import clean_metrics
 from crashsafe.chain import direct_bases, doomed_steps, protected_steps
 from crashsafe.distributed.collective import collective_for
 from crashsafe.distributed.group import DEFAULT_TIMEOUT
+from crashsafe.distributed.saving import save_step as save_collective
 from crashsafe.distributed.shards import Targets, live_targets
 from crashsafe.encoding import CodecSpec, SavePlanner
 from crashsafe.errors import (
     CheckpointExistsError,
     CorruptCheckpointError,
+    CorruptCheckpointWarning,
     CrashsafeError,
     NoCheckpointError,
     SaveFailedError,
     UnsupportedStateError,
 )
-from crashsafe.format.manifest import MAX_STEP, Manifest, PayloadEntry
+from crashsafe.format.manifest import MAX_STEP, Manifest
 from crashsafe.loading import listed_steps, newest_intact, read_state
 from crashsafe.mirroring import Mirror
 from crashsafe.policies.base import EverySteps, SaveContext, SavePolicy
 from crashsafe.policies.keep import Mode, StepFacts
 from crashsafe.policies.retention import UNSET, KeepSpec, Unset, retention_policy
 from crashsafe.preemption import EXIT_STATUS, SigtermWatch
+from crashsafe.saving import save_step
 from crashsafe.state.rebuild import apply_into, check_into
 from crashsafe.state.staging import StagingPool, view_bytes
 from crashsafe.state.tree import ArrayLeaf, flatten
@@ -47,7 +51,7 @@ from crashsafe.step_facts import StepSpec, best_step, pick_step
 from crashsafe.storage.base import Lock, Store
 from crashsafe.storage.reader import read_manifest
 from crashsafe.storage.stores import is_url, open_store
-from crashsafe.storage.writer import StepWriter, delete_steps
+from crashsafe.storage.writer import delete_steps
 
 __all__ = ["CheckpointManager", "CodecSpec", "SaveStats"]
 
@@ -187,10 +191,8 @@ class CheckpointManager:
         self._check_store(store, f"saving step {step}")
         committed = frozenset(store.steps())
         if step in committed:
-            raise CheckpointExistsError(
-                f"step {step} is already committed in {self.directory}; committed checkpoints are "
-                "never overwritten. Save under a new step, or delete it with `crashsafe gc`."
-            )
+            self._replace_damaged(store, step)
+            committed -= {step}
         saved_metrics = clean_metrics(metrics)
         tree, leaves = flatten(state)
         arrays = (
@@ -213,6 +215,30 @@ class CheckpointManager:
             self._pending_step = step
         if self._sigterm.arrived:
             self._exit_after_preemption()
+
+    def _replace_damaged(self, store: Store, step: int) -> None:
+        """Saving a committed step is refused, unless that step is damaged: a run that fell back
+        from it and trained on saves it again, so the damaged one is deleted first (with a warning)."""
+
+        def check() -> None:
+            from crashsafe.verification import verify
+
+            if verify(self.directory, steps=[step], storage_options=self._storage_options).ok:
+                raise CheckpointExistsError(
+                    f"step {step} is already committed in {self.directory}; committed checkpoints are "
+                    "never overwritten. Save under a new step, or delete it with `crashsafe gc`."
+                )
+            self._delete(store, [step])
+
+        if self._collective is None:
+            check()
+        else:
+            self._collective.agree(check, f"saving step {step}")
+        warnings.warn(
+            f"step {step} was committed but damaged; it was deleted and is saved again",
+            CorruptCheckpointWarning,
+            stacklevel=3,
+        )
 
     def maybe_save(
         self, step: int, state: Mapping[str, Any], metrics: Mapping[str, Any] | None = None
@@ -285,11 +311,9 @@ class CheckpointManager:
         stall: float,
     ) -> SaveStats:
         begin = time.perf_counter()
+        info = {"crashsafe": _VERSION}
         if self._collective is not None:
-            from crashsafe.distributed.saving import save_step
-
-            info = {"crashsafe": _VERSION}
-            manifest, deleted = save_step(
+            manifest, deleted = save_collective(
                 self._collective.coord, store, self._planner, step, committed, tree, leaves, arrays, metrics,
                 info, self._retain,
             )  # fmt: skip
@@ -298,43 +322,8 @@ class CheckpointManager:
             return SaveStats(
                 step, stall, time.perf_counter() - begin, manifest.raw_nbytes, manifest.stored_nbytes
             )
-        writer = StepWriter(store, step)
-        try:
-            entries = []
-            for leaf, array in zip(leaves, arrays, strict=True):
-                encoded = self._planner.encode(leaf, array, step, committed)
-                file, offset, nbytes, digest = writer.write_payload(encoded.payload)
-                config = encoded.codec.get_config()
-                entries.append(
-                    PayloadEntry(
-                        leaf.path,
-                        leaf.kind,
-                        leaf.dtype,
-                        leaf.shape,
-                        file,
-                        offset,
-                        nbytes,
-                        digest,
-                        config,
-                        encoded.base,
-                    )
-                )
-            manifest = Manifest(
-                step=step,
-                created=time.time(),
-                tree=tree,
-                payloads=tuple(entries),
-                files=writer.files(),
-                metrics=metrics,
-                info={"crashsafe": _VERSION},
-            )
-            writer.commit(manifest)
-        except BaseException:
-            writer.abort()
-            self._planner.reset()  # references were advanced in place for a step that never committed
-            raise
-        self._planner.committed()
-        self._bases[step] = frozenset(e.base for e in entries if e.base is not None)
+        manifest = save_step(store, self._planner, step, committed, tree, leaves, arrays, metrics, info)
+        self._bases[step] = direct_bases(manifest)
         if self._mirror is not None:
             self._mirror.add(step)
         persisted = time.perf_counter() - begin  # durable and committed; retention comes after

@@ -28,6 +28,7 @@ LAYERS: list[tuple[str, ...]] = [
         "crashsafe.loading",
         "crashsafe.mirroring",
         "crashsafe.distributed",
+        "crashsafe.saving",
     ),
     ("crashsafe.shelf",),
     ("crashsafe.manager",),

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import crashsafe as cs
-from crashsafe.storage.layout import committed_steps
+from crashsafe.storage.layout import committed_steps, step_dir
 
 
 def _state(step: int, n: int = 1000) -> dict[str, Any]:
@@ -42,6 +42,27 @@ def test_committed_step_is_never_overwritten(tmp_path: Path) -> None:
         mgr.wait()
         with pytest.raises(cs.CheckpointExistsError, match="never overwritten"):
             mgr.save(7, _state(99))
+        assert mgr.load(7)["w"][0] == 7.0
+
+
+def test_saving_a_damaged_committed_step_again_replaces_it(tmp_path: Path) -> None:
+    """A run that fell back from a damaged step 8 and trained on saves step 8 again: the damaged
+    copy is deleted (with a warning) and the new one committed; an intact step is still refused."""
+    with cs.CheckpointManager(tmp_path, async_save=False) as mgr:
+        mgr.save(7, _state(7))
+        mgr.save(8, _state(8))
+    data = step_dir(tmp_path, 8) / "data.bin"
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    with cs.CheckpointManager(tmp_path, async_save=False) as mgr:
+        with pytest.warns(cs.CorruptCheckpointWarning, match="fell back|damaged"):
+            assert mgr.load()["step"] == 7
+        with pytest.warns(cs.CorruptCheckpointWarning, match="deleted and is saved again"):
+            mgr.save(8, _state(88))
+        assert mgr.load(8)["w"][0] == 88.0
+        with pytest.raises(cs.CheckpointExistsError, match="never overwritten"):
+            mgr.save(7, _state(77))
         assert mgr.load(7)["w"][0] == 7.0
 
 

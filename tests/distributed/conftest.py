@@ -26,14 +26,16 @@ def free_port() -> int:
 class Ranks:
     """The processes of one launch of a job: one per rank."""
 
-    def __init__(self, script: str, world: int, args: list[Any], tmp: Path) -> None:
+    def __init__(
+        self, script: str, world: int, args: list[Any], tmp: Path, env_of: dict[int, dict[str, str]]
+    ) -> None:
         port = free_port()
         self.procs = []
         for rank in range(world):
             env = {
-                **os.environ, "PYTHONPATH": str(SRC), "PYTHONUNBUFFERED": "1", "RANK": str(rank),
+                **os.environ, "PYTHONPATH": f"{SRC}:{SCRIPTS}", "PYTHONUNBUFFERED": "1", "RANK": str(rank),
                 "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                "OMP_NUM_THREADS": "1",
+                "OMP_NUM_THREADS": "1", **env_of.get(rank, {}),
             }  # fmt: skip
             log = open(tmp / f"rank{rank}-{port}.log", "w")  # noqa: SIM115 - closed in wait()
             proc = subprocess.Popen(
@@ -64,11 +66,12 @@ class Ranks:
 
 @pytest.fixture
 def launch(tmp_path: Path) -> Iterator[Any]:
-    """``launch(script, world, *args)`` starts the ranks; every launch is killed at teardown."""
+    """``launch(script, world, *args, env_of={rank: env})`` starts the ranks (one process each, with
+    extra environment for some); every launch is killed at teardown."""
     started: list[Ranks] = []
 
-    def start(script: str, world: int, *args: Any) -> Ranks:
-        ranks = Ranks(script, world, list(args), tmp_path)
+    def start(script: str, world: int, *args: Any, env_of: dict[int, dict[str, str]] | None = None) -> Ranks:
+        ranks = Ranks(script, world, list(args), tmp_path, env_of or {})
         started.append(ranks)
         return ranks
 

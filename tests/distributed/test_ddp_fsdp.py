@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import crashsafe as cs
+from crashsafe.storage.layout import step_dir
 
 
 def _run(launch: Any, kind: str, world: int, directory: Path, out: Path, steps: int = 12, *more: Any) -> None:
@@ -76,3 +77,55 @@ def test_sigkill_at_random_moments_then_resume_bit_identically(tmp_path: Path, l
     assert resumed is not None and int(resumed.readline().split()[1]) > 0  # it really resumed
     assert final.wait() == [0, 0]
     _same(tmp_path / "straight.npz", tmp_path / "killed.npz")
+
+
+def test_a_rank_killed_mid_commit_commits_nothing_and_the_others_raise(tmp_path: Path, launch: Any) -> None:
+    """Rank 0 dies right after writing the first step's manifest (before the rename): no step is
+    committed, rank 1 (whose save waits for the commit) fails with CoordinationError within the
+    timeout instead of hanging, and the next writer cleans the leftover up."""
+    directory = tmp_path / "ckpt"
+    sync = {"JOB_SYNC_SAVES": "1"}
+    ranks = launch(
+        "job.py", 2, "ddp", directory, 6, 3, tmp_path / "x.npz", 8,
+        env_of={0: {**sync, "CRASHSAFE_KILL_AT": "after_write_manifest"}, 1: sync},
+    )  # fmt: skip
+    started = time.monotonic()
+    codes = ranks.wait(60)
+    assert codes[0] == -9 and codes[1] != 0 and time.monotonic() - started < 40
+    log = (tmp_path / next(p.name for p in tmp_path.iterdir() if p.name.startswith("rank1-"))).read_text()
+    assert "CoordinationError" in log
+    assert cs.CheckpointManager(directory, read_only=True).steps() == []
+    assert [p.name for p in directory.iterdir() if p.name.startswith(".tmp-")]  # a leftover ...
+    _run(launch, "ddp", 2, directory, tmp_path / "done.npz", 6)
+    assert not [p.name for p in directory.iterdir() if p.name.startswith(".tmp-")]  # ... cleaned
+
+
+def test_a_damaged_shard_makes_every_rank_fall_back_together(tmp_path: Path, launch: Any) -> None:
+    directory = tmp_path / "ckpt"
+    _run(launch, "fsdp", 2, directory, tmp_path / "six.npz", 6)  # steps 3 and 6 committed
+    data = step_dir(directory, 6) / "data-r1.bin"
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF  # damage rank 1's part only
+    data.write_bytes(bytes(raw))
+    ranks = launch("job.py", 2, "fsdp", directory, 6, 3, tmp_path / "again.npz", 60)
+    firsts = [proc.stdout.readline().strip() for proc, _ in ranks.procs if proc.stdout is not None]
+    assert ranks.wait() == [0, 0]
+    assert firsts == ["resumed 3", "resumed 3"]  # both ranks went back to step 3, not just rank 1
+    _same(tmp_path / "six.npz", tmp_path / "again.npz")  # and retrained steps 4..6 identically
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_resharding_4_to_2_to_1_to_4_is_bit_identical(tmp_path: Path, launch: Any) -> None:
+    """An FSDP2 checkpoint of 4 ranks restored by 2, then by one plain process (whole tensors,
+    no torch.distributed), then by 4 again: every layout holds the same model and optimizer."""
+    _run(launch, "fsdp", 4, tmp_path / "four", tmp_path / "four.npz", 6)
+    hops = [(2, "four", "two"), (1, "two", "one"), (4, "one", "four-again")]
+    for world, source, target in hops:
+        codes = launch(
+            "reshard.py", world, tmp_path / source, tmp_path / target, tmp_path / f"{target}.npz"
+        ).wait()
+        assert codes == [0] * world, (world, codes)
+        _same(tmp_path / "four.npz", tmp_path / f"{target}.npz")
+    assert cs.CheckpointManager(tmp_path / "two", read_only=True).manifest().world == 2
+    assert cs.CheckpointManager(tmp_path / "one", read_only=True).manifest().world == 1

@@ -13,7 +13,8 @@ In each rank's background persist thread:
 
 A rank that dies at any point makes the others fail at the next exchange with CoordinationError
 (within the coordination timeout), and no step is committed: the temporary place is a leftover
-that the next writer removes.
+that the next writer removes. Only the leader deletes a failed attempt's files: a rank that timed
+out waiting must not delete its part while a slow leader may still be committing it.
 """
 
 from __future__ import annotations
@@ -88,8 +89,10 @@ def save_step(
         outcome = coord.agree(commit, f"committing step {step}")
     except BaseException:
         planner.reset()
-        if writer is not None:
+        if writer is not None and coord.leader:
             writer.abort()
+        elif writer is not None:  # never delete a part the leader may be committing right now
+            writer.close()
         raise
     if writer is not None and not coord.leader:
         writer.close()

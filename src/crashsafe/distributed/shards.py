@@ -65,14 +65,11 @@ def fill(out: np.ndarray[Any, Any], out_box: Box, pieces: Sequence[tuple[Box, np
 def read_sharded(
     chains: ChainReader, manifest: Manifest, entry: PayloadEntry, target: Shard | None, numpy: bool
 ) -> Any:
-    """The array a sharded payload is part of: every rank's shards of it assembled whole, or cut to
-    ``target`` (a live DTensor's box, returned as a DTensor), decoding only the shards it meets."""
-    assert entry.shard is not None
-    whole = entry.shard[0]
-    parts = [
-        p for p in manifest.payloads if p.path == entry.path and p.shard is not None and p.shard[0] == whole
-    ]
-    boxes: list[Box] = [(p.shard[1], p.shape) for p in parts if p.shard is not None]
+    """The array a payload is part of: every rank's shards of it assembled whole, or cut to
+    ``target`` (a live DTensor's box, returned as a DTensor), decoding only the shards it meets.
+    A payload saved whole is cut the same way when a live DTensor wants a box of it."""
+    parts, boxes = _parts_of(manifest, entry)
+    whole = entry.shape if entry.shard is None else entry.shard[0]
     check_tiling(whole, boxes, f"checkpoint step {manifest.step}: array '{entry.path}'")
     cut = target is not None and target.global_shape == whole
     box: Box = (
@@ -87,6 +84,17 @@ def read_sharded(
     if cut and target is not None and not numpy:
         return _as_dtensor(value, target)
     return value
+
+
+def _parts_of(manifest: Manifest, entry: PayloadEntry) -> tuple[list[PayloadEntry], list[Box]]:
+    """The payloads holding the array ``entry`` is part of, and their boxes in it."""
+    if entry.shard is None:  # saved whole (one process, or replicated): one box holds it all
+        return [entry], [((0,) * len(entry.shape), entry.shape)]
+    whole = entry.shard[0]
+    parts = [
+        p for p in manifest.payloads if p.path == entry.path and p.shard is not None and p.shard[0] == whole
+    ]
+    return parts, [(p.shard[1], p.shape) for p in parts if p.shard is not None]
 
 
 def _box_shape(target: Shard) -> tuple[int, ...]:

@@ -9,6 +9,7 @@ checkpoint, as a restarted job would. Batches are drawn from (step, rank), so a 
 same data as an uninterrupted one. Prints "resumed N" at start and "step N" after each step.
 """
 
+import os
 import sys
 import time
 from typing import Any
@@ -48,7 +49,8 @@ def train(kind: str, directory: str, steps: int, every: int, timeout: float) -> 
     rank, world = dist.get_rank(), dist.get_world_size()
     model, optim = build(kind, world)
     state = {"model": model, "optim": optim, "rng": RNGState(), "step": 0}
-    with CheckpointManager(directory, keep_last=2, coordination_timeout=timeout) as mgr:
+    sync = os.environ.get("JOB_SYNC_SAVES") == "1"  # saves block: the save itself meets a dead rank
+    with CheckpointManager(directory, keep_last=2, coordination_timeout=timeout, async_save=not sync) as mgr:
         mgr.restore(state)
         print(f"resumed {state['step']}", flush=True)
         while state["step"] < steps:

@@ -1,0 +1,45 @@
+"""Restore the newest step of IN into a job of this world size and save it again into OUT.
+
+Usage: reshard.py IN OUT NPZ. With WORLD_SIZE > 1 in the environment the job is FSDP2 on that many
+ranks (gloo); otherwise one plain process without torch.distributed. Rank 0 writes the whole model
+and optimizer state it restored to NPZ, so a test can check every layout ends bit-identical.
+"""
+
+import os
+import sys
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from job import build, full
+
+from crashsafe.manager import CheckpointManager
+from crashsafe.state.rng import RNGState
+
+
+def main() -> None:
+    source, target, out = sys.argv[1], sys.argv[2], sys.argv[3]
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:
+        dist.init_process_group("gloo")
+        model, optim = build("fsdp", world)
+    else:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 6))
+        optim = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    state = {"model": model, "optim": optim, "rng": RNGState(), "step": 0}
+    with CheckpointManager(source, read_only=True) as reader:
+        reader.restore(state)
+    with CheckpointManager(target) as writer:
+        writer.save(state["step"], state)
+    arrays = {f"model.{k}": full(v) for k, v in model.state_dict().items()}
+    for i, slots in optim.state_dict()["state"].items():
+        arrays.update({f"optim.{i}.{k}": full(v) for k, v in slots.items()})
+    if world == 1 or dist.get_rank() == 0:
+        np.savez(out, **arrays)
+    if world > 1:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
