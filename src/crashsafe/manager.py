@@ -12,11 +12,11 @@ import dataclasses
 import os
 import time
 import warnings
-from collections.abc import Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -54,6 +54,8 @@ from crashsafe.storage.stores import is_url, open_store
 from crashsafe.storage.writer import delete_steps
 
 __all__ = ["CheckpointManager", "CodecSpec", "SaveStats"]
+
+_T = TypeVar("_T")
 
 _VERSION = "0.1.0"
 
@@ -230,10 +232,7 @@ class CheckpointManager:
                 )
             self._delete(store, [step])
 
-        if self._collective is None:
-            check()
-        else:
-            self._collective.agree(check, f"saving step {step}")
+        self._by_leader(check, f"saving step {step}")
         warnings.warn(
             f"step {step} was committed but damaged; it was deleted and is saved again",
             CorruptCheckpointWarning,
@@ -359,17 +358,21 @@ class CheckpointManager:
         """
         store = self._writable()
         self._wait_pending()
-        self._check_store(store, "deleting steps")
-        committed = store.steps()
-        doomed = sorted(set(steps) & set(committed))
-        staying = [s for s in committed if s not in doomed]
-        needed = sorted(protected_steps(store, staying, self._bases) & set(doomed))
-        if needed:
-            raise CrashsafeError(
-                f"cannot delete step {needed[0]}: a step that stays is a delta of it. Delete the steps "
-                "that depend on it too, or keep it"
-            )
-        self._delete(store, doomed)
+
+        def delete() -> None:
+            self._check_store(store, "deleting steps")
+            committed = store.steps()
+            doomed = sorted(set(steps) & set(committed))
+            staying = [s for s in committed if s not in doomed]
+            needed = sorted(protected_steps(store, staying, self._bases) & set(doomed))
+            if needed:
+                raise CrashsafeError(
+                    f"cannot delete step {needed[0]}: a step that stays is a delta of it. Delete the "
+                    "steps that depend on it too, or keep it"
+                )
+            self._delete(store, doomed)
+
+        self._by_leader(delete, "deleting steps")
 
     def gc(self, *, delete_damaged: bool = False) -> list[int]:
         """Apply this manager's retention now (and, with ``delete_damaged``, delete every step that
@@ -378,13 +381,23 @@ class CheckpointManager:
 
         store = self._writable()
         self._wait_pending()
-        self._check_store(store, "collecting garbage")
-        doomed = set(self._apply_retention(store, None))  # as after a save: what the mirror lacks stays
-        if delete_damaged:
-            damaged = {r.step for r in verify(self.directory, storage_options=self._storage_options).damaged}
-            self._delete(store, sorted(damaged - doomed))
-            doomed |= damaged
-        return sorted(doomed)
+
+        def collect() -> list[int]:
+            self._check_store(store, "collecting garbage")
+            doomed = set(self._apply_retention(store, None))  # as after a save: what the mirror lacks stays
+            if delete_damaged:
+                report = verify(self.directory, storage_options=self._storage_options)
+                damaged = {r.step for r in report.damaged}
+                self._delete(store, sorted(damaged - doomed))
+                doomed |= damaged
+            return sorted(doomed)
+
+        return self._by_leader(collect, "collecting garbage")
+
+    def _by_leader(self, fn: Callable[[], _T], what: str) -> _T:
+        """``fn`` run here (one process), or by rank 0 for every rank of a distributed manager, which
+        all get its result or its error: one process deletes, so no two ranks race."""
+        return fn() if self._collective is None else self._collective.agree(fn, what)
 
     def _wait_pending(self) -> None:
         pending, step = self._pending, self._pending_step

@@ -3,6 +3,7 @@ resumed; resharding; damage that makes every rank fall back; a rank dying mid-co
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from pathlib import Path
@@ -129,3 +130,22 @@ def test_resharding_4_to_2_to_1_to_4_is_bit_identical(tmp_path: Path, launch: An
         _same(tmp_path / "four.npz", tmp_path / f"{target}.npz")
     assert cs.CheckpointManager(tmp_path / "two", read_only=True).manifest().world == 2
     assert cs.CheckpointManager(tmp_path / "one", read_only=True).manifest().world == 1
+
+
+@pytest.mark.parametrize("where", ["dir", "s3"])
+def test_delete_gc_and_restore_are_collective(where: str, tmp_path: Path, launch: Any, request: Any) -> None:
+    """Rank 0 deletes for every rank (no two ranks race on one step), a refusal reaches every rank,
+    and every rank sees the same steps, on a directory and on a real S3 API (moto) alike."""
+    location, options = str(tmp_path / "ckpt"), {}
+    if where == "s3":
+        bucket = request.getfixturevalue("bucket")  # tests/conftest.py: moto's S3 on 127.0.0.1
+        options = request.getfixturevalue("options")
+        location = f"s3://{bucket}/run"
+    ranks = launch("ops.py", 2, location, json.dumps(options))
+    reports = [json.loads(proc.stdout.read()) for proc, _ in ranks.procs if proc.stdout is not None]
+    assert ranks.wait() == [0, 0]
+    assert reports[0] == reports[1]
+    assert reports[0] == {
+        "saved": [1, 2, 3, 4], "refused": "cannot delete step 1", "after_delete": [1, 3, 4],
+        "gc": [1], "after_gc": [3, 4], "restored": 4, "same": True,
+    }  # fmt: skip

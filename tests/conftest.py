@@ -1,4 +1,5 @@
-"""A real S3 API on 127.0.0.1 (moto's ThreadedMotoServer), one per test module, and a bucket per test."""
+"""Fixtures for every test directory: a real S3 API on 127.0.0.1 (moto's ThreadedMotoServer), started
+only by a test module that asks for it and stopped after that module, and a bucket per test."""
 
 from __future__ import annotations
 
