@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from crashsafe.chain import read_step
+from crashsafe.chain import ChainReader
+from crashsafe.distributed.shards import read_sharded
 from crashsafe.errors import CrashsafeError, NoCheckpointError
 from crashsafe.format.manifest import Manifest
 from crashsafe.state.rebuild import array_nodes, unflatten, view_of
@@ -82,10 +83,24 @@ def _read(
             if not steps:
                 raise NoCheckpointError(f"no committed checkpoint in {directory}")
             step = steps[-1]
-        manifest, arrays = read_step(store, step)  # verified, and through delta chains
+        with ChainReader(store) as chains:  # verified, and through delta chains
+            manifest = chains.manifest(step)
+            arrays: list[Any] = [None] * len(manifest.payloads)
+            for _, node in array_nodes(manifest.tree):
+                if arrays[node["id"]] is None:
+                    arrays[node["id"]] = _whole(chains, manifest, node["id"])
     finally:
         store.close()
     return step, manifest, arrays
+
+
+def _whole(chains: ChainReader, manifest: Manifest, index: int) -> np.ndarray[Any, Any]:
+    """Payload ``index`` decoded (storage dtype); a shard of a distributed step is assembled with
+    the other ranks' shards into the whole tensor."""
+    entry = manifest.payloads[index]
+    if entry.shard is None:
+        return chains.decode(manifest.step, entry)  # type: ignore[no-any-return]
+    return read_sharded(chains, manifest, entry, None, numpy=True)  # type: ignore[no-any-return]
 
 
 def _tensors(

@@ -11,8 +11,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+from safetensors.numpy import load_file
 
 import crashsafe as cs
+from crashsafe.export import export_safetensors
 from crashsafe.storage.layout import step_dir
 
 
@@ -49,6 +51,11 @@ def test_save_and_resume_with_two_ranks(tmp_path: Path, launch: Any, kind: str) 
     with np.load(tmp_path / "resumed.npz") as final:
         for name, tensor in full["model"].items():
             assert np.array_equal(tensor.numpy(), final[f"model.{name}"]), name
+        export_safetensors(tmp_path / "resumed", tmp_path / "model.safetensors", prefix="model.")
+        exported = load_file(tmp_path / "model.safetensors")  # whole tensors, gathered from the shards
+        assert sorted(exported) == sorted(full["model"])
+        for name, array in exported.items():
+            assert np.array_equal(array, final[f"model.{name}"]), name
     assert cs.verify(tmp_path / "resumed").ok
 
 
