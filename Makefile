@@ -18,7 +18,7 @@ demo: $(STAMP)
 	$(BIN)/crashsafe demo
 
 test: $(STAMP)
-	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff check src tests bench examples
 	$(BIN)/mypy
 	$(BIN)/pytest -q -p no:cacheprovider
 

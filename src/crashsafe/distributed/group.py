@@ -88,8 +88,10 @@ class Coordinator:
             op()
         except RuntimeError as exc:
             raise CoordinationError(
-                f"{what}: the ranks did not all answer within {self.timeout:.0f} s ({exc}). A rank died "
-                "or hangs; nothing was committed. Restart the job (the next writer cleans up)"
+                f"{what}: the ranks did not all answer within {self.timeout:.0f} s ({exc}). A rank died, "
+                "hangs, or did not make the same manager call (every rank must call save, restore, "
+                "steps, ... together). No step was half committed; restart the job (the next writer "
+                "cleans up)"
             ) from None
 
     def close(self) -> None:
