@@ -92,7 +92,7 @@ def command_group(name: str, help: str) -> typer.Typer:
 
 def fail(message: str, code: int = 2) -> typer.Exit:
     """Print ``message`` as an error on stderr; return the exit to raise (``raise fail(...)``)."""
-    err.print(f"[bold red]error:[/] {message}")
+    err.print(f"[bold red]error:[/] {message}", soft_wrap=not err.is_terminal)  # piped: one line
     return typer.Exit(code)
 
 
