@@ -1,6 +1,8 @@
 """Run benchmarks: ``python -m bench [name ...]``; results land in ``bench/results/``.
 
 Each benchmark is a module ``bench/<name>.py`` or package ``bench/<name>/`` with ``main(argv)``.
+The names come first; everything from the first option on goes to each benchmark as it is
+(``python -m bench storage --repeat 2 --only commit``).
 """
 
 from __future__ import annotations
@@ -10,18 +12,20 @@ import pkgutil
 import sys
 from pathlib import Path
 
-ORDER = ["core", "compression", "shelf", "policies", "ps"]
+ORDER = ["core", "compression", "shelf", "policies", "ps", "storage", "integrations"]
 
 
 def main(argv: list[str]) -> None:
     here = Path(__file__).parent
     found = {m.name for m in pkgutil.iter_modules([str(here)]) if not m.name.startswith("_")}
-    wanted = [a for a in argv if not a.startswith("-")] or [n for n in ORDER if n in found]
+    first_option = next((i for i, a in enumerate(argv) if a.startswith("-")), len(argv))
+    names, options = argv[:first_option], argv[first_option:]
+    wanted = names or [n for n in ORDER if n in found]
     for name in wanted:
         if name not in found:
             raise SystemExit(f"no benchmark named {name!r}; have {sorted(found)}")
         print(f"=== bench {name}", flush=True)
-        importlib.import_module(f"bench.{name}").main([a for a in argv if a.startswith("-")])
+        importlib.import_module(f"bench.{name}").main(options)
 
 
 if __name__ == "__main__":
