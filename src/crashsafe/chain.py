@@ -82,8 +82,13 @@ def doomed_steps(
     steps = sorted(store.steps())
     if policy is None or not steps:
         return []
-    kept = {steps[-1], *keep, *policy.keep(steps, facts_lookup(store, steps, facts))} & set(steps)
-    needed = protected_steps(store, kept, known)
+    bases: MutableMapping[int, frozenset[int]] = {} if known is None else known
+
+    def seen(step: int, manifest: Manifest) -> None:  # a manifest read for facts gives the bases too
+        bases.setdefault(step, direct_bases(manifest))
+
+    kept = {steps[-1], *keep, *policy.keep(steps, facts_lookup(store, steps, facts, seen))} & set(steps)
+    needed = protected_steps(store, kept, bases)
     return [s for s in steps if s not in kept and s not in needed]
 
 

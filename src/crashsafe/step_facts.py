@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, MutableMapping, Sequence
 
 from crashsafe.errors import CorruptCheckpointError, NoCheckpointError
+from crashsafe.format.manifest import Manifest
 from crashsafe.policies.errors import PolicyError
 from crashsafe.policies.keep import UNKNOWN, Facts, Mode, StepFacts, check_metric, check_mode, ranked
 from crashsafe.storage.base import Store
@@ -19,20 +20,26 @@ __all__ = ["StepSpec", "best_step", "facts_lookup", "pick_step"]
 StepSpec = int | str | None  # a step number, None (the newest) or "best"
 
 
-def _read(store: Store, step: int) -> StepFacts:
+def _read(store: Store, step: int, seen: Callable[[int, Manifest], None] | None) -> StepFacts:
     """The facts in ``step``'s manifest; UNKNOWN if it is damaged or gone (it cannot be restored)."""
     try:
         manifest = read_manifest(store, step)
     except (CorruptCheckpointError, NoCheckpointError):
         return UNKNOWN
+    if seen is not None:
+        seen(step, manifest)
     return StepFacts(manifest.created, manifest.metrics)
 
 
 def facts_lookup(
-    store: Store, steps: Sequence[int], cache: MutableMapping[int, StepFacts] | None = None
+    store: Store,
+    steps: Sequence[int],
+    cache: MutableMapping[int, StepFacts] | None = None,
+    seen: Callable[[int, Manifest], None] | None = None,
 ) -> Facts:
     """``facts(step)`` for the committed ``steps`` of ``store``, each manifest read once. ``cache``
-    keeps them across calls; entries of steps no longer in ``steps`` are dropped first."""
+    keeps them across calls; entries of steps no longer in ``steps`` are dropped first. ``seen`` gets
+    each manifest read (so a caller can take what else it needs from it without reading it again)."""
     memo: MutableMapping[int, StepFacts] = {} if cache is None else cache
     for gone in memo.keys() - set(steps):
         del memo[gone]
@@ -40,7 +47,7 @@ def facts_lookup(
     def facts(step: int) -> StepFacts:
         found = memo.get(step)
         if found is None:
-            found = memo[step] = _read(store, step)
+            found = memo[step] = _read(store, step, seen)
         return found
 
     return facts

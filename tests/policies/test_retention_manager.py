@@ -24,6 +24,7 @@ import torch
 from typer.testing import CliRunner
 
 import crashsafe as cs
+import crashsafe.chain
 import crashsafe.step_facts
 from crashsafe.chain import direct_bases
 from crashsafe.policies import (
@@ -186,18 +187,24 @@ def test_best_step_reads_the_tiers_and_names_what_is_recorded(fast_dir: Path) ->
 
 def test_retention_reads_each_manifest_once(fast_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Facts come from a manifest read once per step (then cached); a policy that looks only at step
-    numbers reads none."""
+    numbers reads none for facts; the read that gives a step's facts also gives its delta bases."""
     with cs.CheckpointManager(fast_dir, keep_last=None, async_save=False) as mgr:
         for step in range(20):
             mgr.save(step, {"step": step}, {"val": (step * 7) % 11})
     reads: collections.Counter[int] = collections.Counter()
+    base_reads: collections.Counter[int] = collections.Counter()
     real = crashsafe.step_facts.read_manifest
 
     def counted(store: Any, step: int) -> Any:
         reads[step] += 1
         return real(store, step)
 
+    def counted_bases(store: Any, step: int) -> Any:
+        base_reads[step] += 1
+        return real(store, step)
+
     monkeypatch.setattr(crashsafe.step_facts, "read_manifest", counted)
+    monkeypatch.setattr(crashsafe.chain, "read_manifest", counted_bases)
     with cs.CheckpointManager(fast_dir, keep=KeepLast(2), async_save=False) as mgr:
         for step in range(20, 30):
             mgr.save(step, {"step": step}, {"val": (step * 7) % 11})
@@ -210,6 +217,7 @@ def test_retention_reads_each_manifest_once(fast_dir: Path, monkeypatch: pytest.
             mgr.save(step, {"step": step}, {"val": (step * 7) % 11})
         mgr.gc()
     assert set(reads) == set(range(28, 60)) and set(reads.values()) == {1}
+    assert not set(base_reads) & set(range(30, 60))  # read for their facts (28, 29: for bases before)
 
 
 # ----------------------------------------------------------------------------- the command line
