@@ -35,7 +35,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("crashsafe.workloads", "crashsafe.ps", "crashsafe.integrations", "crashsafe.diff"),
     ("crashsafe.sim",),
     ("crashsafe.cli",),
-    ("crashsafe",),
+    ("crashsafe", "crashsafe.__main__"),
 ]
 
 

@@ -132,8 +132,9 @@ def run_demo(
     console.print(f"  {killed_dir.name}/      the run that is SIGKILLed and resumed")
     console.print(f"  {ref_dir.name}/   the uninterrupted run")
     console.print("  each holds ckpt/ (checkpoints), events.jsonl (events), trainer.log (stderr)")
-    ok = _train_and_compare(work, steps=steps, every=every, kills=kills, seed=seed, codec=codec,
-                            lossy=lossy, console=console)
+    ok = _train_and_compare(
+        work, steps=steps, every=every, kills=kills, seed=seed, codec=codec, lossy=lossy, console=console
+    )
     if temporary and ok:
         shutil.rmtree(work, ignore_errors=True)
         console.print(f"removed the work dir {work}")
@@ -149,17 +150,25 @@ def _train_and_compare(
     killed_dir, ref_dir = (work / name for name in _RUNS)
     reference = spawn(_trainer_cmd(ref_dir, steps, every, codec), ref_dir / "trainer.log")
     try:
-        with progress_bar("training (killed run)", "step {task.completed}/{task.total}", on=console,
-                          transient=False) as progress:
+        with progress_bar(
+            "training (killed run)", "step {task.completed}/{task.total}", on=console, transient=False
+        ) as progress:
             task = progress.add_task("train", total=steps)
             result = run_supervised(
-                killed_dir, steps=steps, every=every, kills=kills, seed=seed, codec=codec,
+                killed_dir,
+                steps=steps,
+                every=every,
+                kills=kills,
+                seed=seed,
+                codec=codec,
                 on_step=lambda step: progress.update(task, completed=step),
             )
             progress.update(task, completed=steps)
         if reference.wait() != 0:
-            console.print(f"[bold red]the reference run failed (exit {reference.returncode})[/]: see "
-                          f"{ref_dir / 'trainer.log'}")
+            console.print(
+                f"[bold red]the reference run failed (exit {reference.returncode})[/]: see "
+                f"{ref_dir / 'trainer.log'}"
+            )
             return False
     except (RuntimeError, TimeoutError) as exc:
         console.print(f"[bold red]{exc}[/]")

@@ -20,13 +20,22 @@ __all__ = ["simulate_cmd"]
 def simulate_cmd(
     mtbf: Annotated[str, typer.Option(help="mean time between failures, e.g. 4h, 15min")],
     ckpt_cost: Annotated[str, typer.Option("--ckpt-cost", help="training stall per checkpoint, e.g. 30s")],
-    policy: Annotated[str, typer.Option(
-        help="comma-separated: young, daly, daly-exact, coci, convergence, every:N, seconds:S, overhead:F"
-    )] = "young,daly,coci,convergence",
-    loss_curve: Annotated[Path | None, typer.Option(help="CSV with a 'loss' column (and 'step', 'time'); "
-                                                         "default: COCI's exponential model")] = None,
-    job: Annotated[str | None, typer.Option(help="failure-free training time of the run, e.g. 24h "
-                                                  "(default: from the CSV's time column)")] = None,
+    policy: Annotated[
+        str,
+        typer.Option(
+            help="comma-separated: young, daly, daly-exact, coci, convergence, every:N, seconds:S, overhead:F"
+        ),
+    ] = "young,daly,coci,convergence",
+    loss_curve: Annotated[
+        Path | None,
+        typer.Option(help="CSV with a 'loss' column (and 'step', 'time'); default: COCI's exponential model"),
+    ] = None,
+    job: Annotated[
+        str | None,
+        typer.Option(
+            help="failure-free training time of the run, e.g. 24h (default: from the CSV's time column)"
+        ),
+    ] = None,
     persist: Annotated[str, typer.Option(help="background persist time; unprotected until done")] = "0",
     restart: Annotated[str, typer.Option(help="time to restart after a failure")] = "0",
     end: Annotated[str, typer.Option(help="job end: fixed, fixed:STEPS, plateau, target:LOSS")] = "fixed",
@@ -34,8 +43,10 @@ def simulate_cmd(
     steps: Annotated[int, typer.Option(help="resample shorter curves to this many steps")] = 20000,
     trials: Annotated[int, typer.Option(help="Monte Carlo trials (seeded)")] = 1000,
     seed: Annotated[int, typer.Option(help="seed of the failure draws")] = 0,
-    plot: Annotated[Path, typer.Option(help="where to write the plot (a PNG); default: simulate.png in "
-                                            "the current directory")] = Path("simulate.png"),
+    plot: Annotated[
+        Path,
+        typer.Option(help="where to write the plot (a PNG); default: simulate.png in the current directory"),
+    ] = Path("simulate.png"),
     as_json: JsonOpt = False,
 ) -> None:
     """Replay policies on a training profile under Monte Carlo failures; print a table, write a plot."""
@@ -61,8 +72,9 @@ def simulate_cmd(
             task = progress.add_task("simulating", total=len(policies))
             for name, pol in policies.items():
                 progress.update(task, description=f"simulating {name}")
-                results.append(simulate(pol, profile, failure_model, end_rule, trials=trials, seed=seed,
-                                        name=name))
+                results.append(
+                    simulate(pol, profile, failure_model, end_rule, trials=trials, seed=seed, name=name)
+                )
                 progress.advance(task)
     except CrashsafeError as exc:
         raise fail(str(exc)) from None
@@ -70,13 +82,28 @@ def simulate_cmd(
     compute_h = results[0].outcomes.compute / 3600.0
     plot_comparison(results, profile, plot, title=f"MTBF {mtbf}, checkpoint {ckpt_cost}")
     if as_json:
-        emit_json({"trials": trials, "mtbf": mtbf, "ckpt_cost": ckpt_cost, "end": end, "job_hours": compute_h,
-                   "plot": str(plot.resolve()), "policies": [_policy_json(r, results[0]) for r in results]})
+        emit_json(
+            {
+                "trials": trials,
+                "mtbf": mtbf,
+                "ckpt_cost": ckpt_cost,
+                "end": end,
+                "job_hours": compute_h,
+                "plot": str(plot.resolve()),
+                "policies": [_policy_json(r, results[0]) for r in results],
+            }
+        )
         return
-    columns = [Column("policy"), Column("ckpts", right=True, drop=5), Column("overhead h", right=True),
-               Column("vs 1st", right=True, drop=2), Column("weighted h", right=True, drop=3),
-               Column("end h", right=True, drop=4), Column("lost loss", right=True, drop=6),
-               Column("fails", right=True, drop=7)]
+    columns = [
+        Column("policy"),
+        Column("ckpts", right=True, drop=5),
+        Column("overhead h", right=True),
+        Column("vs 1st", right=True, drop=2),
+        Column("weighted h", right=True, drop=3),
+        Column("end h", right=True, drop=4),
+        Column("lost loss", right=True, drop=6),
+        Column("fails", right=True, drop=7),
+    ]
     rows = []
     for r in results:
         row = [r.policy, str(r.checkpoint_steps.size)]
@@ -85,17 +112,27 @@ def simulate_cmd(
         else:
             ratio = paired_ratio(r, results[0], "overhead")
             row += [
-                _hours(r, "overhead"), f"{ratio.mean:.2f}x", _hours(r, "weighted"), _hours(r, "wall"),
-                f"{r.estimate('progress_lost').mean:.3g}", f"{r.estimate('failures').mean:.2f}",
+                _hours(r, "overhead"),
+                f"{ratio.mean:.2f}x",
+                _hours(r, "weighted"),
+                _hours(r, "wall"),
+                f"{r.estimate('progress_lost').mean:.3g}",
+                f"{r.estimate('failures').mean:.2f}",
             ]
         if r.unfinished and r.unfinished < r.trials:
             row[2] += f" ({r.unfinished} DNF)"
         rows.append(row)
-    print_table(f"{trials} trials · MTBF {mtbf} · checkpoint {ckpt_cost} · job {compute_h:.3g} h of "
-                f"training · end {end}", columns, rows)
-    console.print("overhead = stalls + lost work + restarts (mean ±95% CI); weighted = stalls + restarts "
-                  "+ rolled-back loss decrease priced at the job's mean convergence rate; "
-                  "vs 1st = paired ratio")
+    print_table(
+        f"{trials} trials · MTBF {mtbf} · checkpoint {ckpt_cost} · job {compute_h:.3g} h of "
+        f"training · end {end}",
+        columns,
+        rows,
+    )
+    console.print(
+        "overhead = stalls + lost work + restarts (mean ±95% CI); weighted = stalls + restarts "
+        "+ rolled-back loss decrease priced at the job's mean convergence rate; "
+        "vs 1st = paired ratio"
+    )
     console.print(f"wrote the plot to {plot.resolve()}")
 
 

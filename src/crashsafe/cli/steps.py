@@ -165,7 +165,7 @@ def ls_cmd(
         Column("raw", right=True, drop=9),
         Column("ratio", right=True, drop=8),
         Column("age", right=True, drop=6),
-        Column("status", folds=True, min_width=24),
+        Column("status", folds=True, min_width=32),
     ]
     rows: list[list[Cell]] = []
     for r in chosen:

@@ -1,0 +1,5 @@
+"""``python -m crashsafe``: the ``crashsafe`` command line."""
+
+from crashsafe.cli import main
+
+main()
