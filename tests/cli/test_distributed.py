@@ -4,6 +4,7 @@ steps; ls, show, verify and diff read it through the library's reader, at 80 col
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -97,3 +98,30 @@ def test_diff_compares_whole_tensors(sharded: tuple[Path, Path], tmp_path: Path)
     assert not steps["identical"] and {p["path"] for p in steps["paths"] if p["status"] == "differs"} >= {
         "model.0.weight", "model.2.bias", "step",
     }  # fmt: skip
+
+
+def test_export_and_gc(sharded: tuple[Path, Path], tmp_path: Path) -> None:
+    """export writes the whole tensors the ranks' shards make up; gc collects the steps of a copy."""
+    from safetensors.numpy import load_file
+
+    directory, full = sharded
+    out = tmp_path / "model.safetensors"
+    exported = invoke("export", str(directory), "-o", str(out), "--prefix", "model.", "--json")
+    assert exported.code == 0, exported.err
+    assert check_json(exported.out, "export")["step"] == 3
+    with np.load(full) as arrays:
+        tensors = load_file(out)
+        assert sorted(tensors) == sorted(arrays.files)
+        for name, array in tensors.items():
+            assert np.array_equal(array, arrays[name]), name
+    copy = tmp_path / "copy"
+    shutil.copytree(directory, copy)
+    collected = invoke("gc", str(copy), "--keep-last", "1", "--json")
+    assert collected.code == 0, collected.err
+    assert check_json(collected.out, "gc") == {
+        "location": str(copy),
+        "deleted": [1, 2],
+        "leftovers": [],
+        "kept": [3],
+    }
+    assert check_json(invoke("verify", str(copy), "--json").out, "verify")["ok"]
