@@ -1,0 +1,63 @@
+"""Restore benchmark: from files to the live model's memory, against the limit and the usual loaders.
+
+States of 64 MiB, 512 MiB and 2 GiB (a model of 8 fp32 parameters), page cache warm and cold
+(each method's files evicted with ``posix_fadvise(DONTNEED)`` first), side by side in one run,
+methods interleaved (rotated order each repeat), best repeat:
+
+- the limit: ``preadv`` of crashsafe's stored bytes straight into the live parameters (1 and 2
+  threads), no checksum: nothing reading these bytes into these tensors is faster;
+- ``CheckpointManager.restore`` (raw codec, then zstd), verified;
+- ``torch.load(mmap=True)`` + ``load_state_dict``, ``torch.load`` + ``load_state_dict``,
+  ``torch.distributed.checkpoint.load`` (in place), safetensors ``load_file`` + ``load_state_dict``;
+- zstd decompression only (the stored frames already in memory, one per core): the ceiling of a
+  zstd restore.
+
+    python -m bench restore [--quick] [--repeat N] [--sizes 64,512,2048] [--no-cold]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import time
+
+import torch
+
+from bench.restore import report
+from bench.restore.methods import METHODS, RESULTS, WORK, Files, MiB, interleaved, make_model
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench restore")
+    parser.add_argument("--quick", action="store_true", help="64 MiB only, one repeat (a smoke run)")
+    parser.add_argument("--repeat", type=int, default=None)
+    parser.add_argument("--sizes", default="64,512,2048", help="state sizes in MiB")
+    parser.add_argument("--no-cold", action="store_true", help="warm page cache only")
+    args = parser.parse_args(argv)
+    sizes = [64] if args.quick else [int(s) for s in args.sizes.split(",")]
+    repeat = args.repeat or (1 if args.quick else 5)
+    torch.set_num_threads(2)
+    began = time.perf_counter()
+    loads = [report.load_average()]
+    results: dict[int, dict[str, dict[str, float]]] = {}
+    names = list(METHODS)
+    for size in sizes:
+        print(f"-- state {size} MiB", flush=True)
+        model = make_model(size * MiB, seed=1)
+        reference = make_model(size * MiB, seed=1)
+        files = Files(reference)
+        rows = {"warm": interleaved(files, model, reference, repeat, cold=False, names=names)}
+        if not args.no_cold:
+            rows["cold"] = interleaved(files, model, reference, max(1, repeat - 2), cold=True, names=names)
+        results[size * MiB] = rows
+        loads.append(report.load_average())
+        del model, reference, files
+        gc.collect()
+    command = "make bench BENCH=restore" + (" (--quick)" if args.quick else "")
+    text = report.markdown(results, command, time.perf_counter() - began, repeat, loads)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "restore.md").write_text(text)
+    print(text)
+    import shutil
+
+    shutil.rmtree(WORK, ignore_errors=True)
