@@ -12,7 +12,7 @@ import pkgutil
 import sys
 from pathlib import Path
 
-ORDER = ["core", "compression", "shelf", "policies", "ps", "storage", "integrations"]
+ORDER = ["core", "compression", "shelf", "policies", "ps", "storage", "integrations", "restore"]
 
 
 def main(argv: list[str]) -> None:
