@@ -3,8 +3,11 @@ background, verified after upload, and pruned there by its own retention.
 
 Training never waits for the mirror: a step is handed over once it is committed locally, and a
 background thread uploads steps oldest first, so a delta's base always reaches the mirror before
-the delta. Until a step is mirrored, local retention keeps it (and its bases). A failed upload is
-reported as a :class:`MirrorWarning` at the next save and retried then; nothing local is at risk.
+the delta. That thread and the I/O threads it starts run at a lower CPU priority
+(:mod:`crashsafe.storage.background`), so reading, checksumming and uploading a step take the
+cores only when training leaves them. Until a step is mirrored, local retention keeps it (and its
+bases). A failed upload is reported as a :class:`MirrorWarning` at the next save and retried
+then; nothing local is at risk.
 """
 
 from __future__ import annotations
@@ -17,11 +20,14 @@ from crashsafe.chain import doomed_steps, protected_steps
 from crashsafe.errors import CrashsafeError, MirrorWarning, NoCheckpointError
 from crashsafe.format.manifest import Manifest, PayloadEntry
 from crashsafe.policies.keep import KeepPolicy, StepFacts
+from crashsafe.storage.background import lower_thread_priority
 from crashsafe.storage.base import Lock, Store
 from crashsafe.storage.reader import StepReader
 from crashsafe.storage.writer import StepWriter, delete_steps
 
 __all__ = ["Mirror", "copy_step"]
+
+MIRROR_NICE = 10  # the mirror's threads get ~1/10 of a core against a training thread that wants it
 
 
 def copy_step(source: Store, target: Store, step: int) -> None:
@@ -66,7 +72,8 @@ class Mirror:
 
     def __init__(self, local: Store, remote: Store, keep: KeepPolicy | None) -> None:
         self.local, self.remote, self.keep = local, remote, keep
-        self._lock: Lock = remote.lock()
+        self._lock: Lock = remote.lock()  # the lease is renewed at full priority
+        self._target = remote  # where the mirror thread copies to (remote.background() once it runs)
         remote.remove_leftovers(remote.leftovers())
         self._bases: dict[int, frozenset[int]] = {}
         self._facts: dict[int, StepFacts] = {}  # the mirror's steps' commit times and metrics (cache)
@@ -110,6 +117,19 @@ class Mirror:
             return not self._pending
 
     def _run(self) -> None:
+        lower_thread_priority(MIRROR_NICE)
+        try:
+            self._target = self.remote.background()  # its I/O threads start here: as nice as this one
+        except (CrashsafeError, OSError) as exc:
+            with self._cond:
+                self._errors.append(f"opening {self.remote.location} for uploads failed: {exc}")
+        try:
+            self._serve()
+        finally:
+            if self._target is not self.remote:
+                self._target.close()
+
+    def _serve(self) -> None:
         while True:
             with self._cond:
                 while not (self._pending - self._failed_round) and not self._closing:
@@ -127,8 +147,8 @@ class Mirror:
 
     def _mirror(self, step: int) -> None:
         try:
-            if step not in self.remote.steps():
-                copy_step(self.local, self.remote, step)
+            if step not in self._target.steps():
+                copy_step(self.local, self._target, step)
         except NoCheckpointError:
             pass  # gone locally (deleted by the user): nothing to mirror
         except (CrashsafeError, OSError) as exc:
@@ -141,7 +161,8 @@ class Mirror:
 
     def _prune(self) -> None:
         try:
-            delete_steps(self.remote, doomed_steps(self.remote, self.keep, self._bases, facts=self._facts))
+            target = self._target
+            delete_steps(target, doomed_steps(target, self.keep, self._bases, facts=self._facts))
         except (CrashsafeError, OSError) as exc:
             with self._cond:
                 self._errors.append(f"applying retention in {self.remote.location} failed: {exc}")

@@ -155,6 +155,12 @@ class Store(ABC):
         """Bytes a (possibly damaged) step takes in the store, as far as it can tell (0 if unknown)."""
         return 0
 
+    def background(self) -> Store:
+        """A store on the same location for background copying (the mirror), whose own I/O
+        threads, if it has any, are started by the calling thread; the caller closes it unless it
+        is this store. Backends without I/O threads of their own return this store."""
+        return self
+
     def check_current(self, doing: str) -> None:
         """Raise StorageError if the store's location was deleted or replaced under its writer."""
         return None  # nothing to do, unless a subclass says otherwise

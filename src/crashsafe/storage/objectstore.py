@@ -20,16 +20,18 @@ from __future__ import annotations
 import contextlib
 import secrets
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import fsspec
+import fsspec.asyn
 
 import crashsafe._faults as faults
 from crashsafe.codecs.base import BytesLike
 from crashsafe.errors import CheckpointExistsError, CorruptCheckpointError, NoCheckpointError, StorageError
 from crashsafe.format.manifest import MANIFEST_NAME
+from crashsafe.storage.background import IOLoop
 from crashsafe.storage.base import Capabilities, Draft, Lock, Store, StoredFile, StoredStep
 from crashsafe.storage.layout import LOCK_NAME, parse_step_name, step_name
 from crashsafe.storage.lease import Lease
@@ -42,6 +44,7 @@ RANGE_BYTES = 16 << 20  # large reads are split into ranges fetched in parallel
 PART_BYTES = 16 << 20  # S3 multipart part size for large payloads
 PARTS_IN_FLIGHT = 4  # parts of one large payload uploaded at once
 UPLOADS = 4  # shards in flight at once
+READS = 8  # shards of a step being read fetched at once (the one read and the next ones)
 # fsspec protocols whose "create" write is atomic create-if-absent
 _ATOMIC_CREATE = frozenset({"s3", "s3a", "file", "local", "memory"})
 
@@ -57,6 +60,8 @@ class FsspecStore(Store):
         create: bool = False,
         lease_seconds: float = 30.0,
     ) -> None:
+        self._options = dict(storage_options)
+        self._io: IOLoop | None = None  # a loop of its own (see background())
         try:
             self.fs, path = fsspec.core.url_to_fs(url, **storage_options)
         except (ImportError, ValueError) as exc:
@@ -71,6 +76,32 @@ class FsspecStore(Store):
         self.lease_seconds = lease_seconds
         if create:
             self._call(lambda: self.fs.makedirs(self.root, exist_ok=True), f"creating {url}")
+
+    def background(self) -> Store:
+        """The same location through an S3 client whose requests run on an event loop of its own,
+        started by the calling thread (so at its CPU priority): the mirror's uploads then yield the
+        cores to training. Other backends: this store."""
+        if not self.is_s3:
+            return self
+        io = IOLoop("crashsafe-background-io")
+        try:
+            store = FsspecStore(self.location, {**self._options, "loop": io.loop})
+        except BaseException:
+            io.stop()
+            raise
+        store._io = io
+        return store
+
+    def close(self) -> None:
+        """Stop the store's own event loop, if it has one, after closing the client on it."""
+        io, self._io = self._io, None
+        if io is None:
+            return
+        creator = getattr(self.fs, "_s3creator", None)  # s3fs's client, made on first use
+        if creator is not None:
+            with contextlib.suppress(Exception):  # best effort: the loop goes anyway
+                fsspec.asyn.sync(io.loop, creator.__aexit__, None, None, None, timeout=5)
+        io.stop()
 
     # ------------------------------------------------------------------------- paths and calls
 
@@ -178,25 +209,45 @@ class _Parts:
 
 
 class _ObjectFile(StoredFile):
-    """A shard of a committed step. A packed shard (many small payloads) is fetched whole on the
-    first read, one request instead of one per payload; a large payload's shard is read in
-    parallel ranges."""
+    """A shard of a committed step. A packed shard (up to SHARD_BYTES) is fetched whole, one
+    request instead of one per payload, and the next ones of the step are fetched ahead while it is
+    read (READS at once); once every byte of it was read, its copy is dropped. A shard larger
+    than that (one large payload) is read in parallel ranges."""
 
-    def __init__(self, store: FsspecStore, path: str, size: int, where: str) -> None:
-        self._store = store
+    def __init__(self, step: _ObjectStep, path: str, size: int, index: int) -> None:
+        self._step = step
+        self._store = step.store
         self._path = path
         self.size = size
-        self._where = where
-        self._whole: bytes | None = None
+        self.index = index  # the order the reader opened it in: the order it reads shards in
+        self._where = step.where
+        self._whole: Future[bytes] | None = None
+        self._read = 0  # bytes read from the fetched copy
+        self._done = False  # every byte was read once (so reading ahead skips it)
+
+    @property
+    def packed(self) -> bool:
+        return self.size <= SHARD_BYTES
+
+    def fetch_ahead(self) -> None:
+        """Start fetching this shard whole in the background, unless it is fetched or was read."""
+        if self.packed and self._whole is None and not self._done:
+            self._whole = self._step.submit(lambda: self._fetch([0], [self.size])[0])
 
     def read_into(self, view: memoryview, offset: int) -> None:
         n = len(view)
         if offset + n > self.size:
             raise CorruptCheckpointError(f"{self._where}: {self._path} ended early")
-        if self.size <= SHARD_BYTES:
-            if self._whole is None:
-                self._whole = self._fetch([0], [self.size])[0]
-            view[:] = self._whole[offset : offset + n]
+        if self.packed:
+            if self._whole is None:  # read again after it was dropped: fetch it again
+                self._done, self._read = False, 0
+            self._step.reading(self)
+            assert self._whole is not None
+            whole = self._whole.result()
+            view[:] = memoryview(whole)[offset : offset + n]
+            self._read += n
+            if self._read >= self.size:  # payloads tile a packed shard: each byte was read once
+                self._whole, self._done = None, True
             return
         starts = list(range(offset, offset + n, RANGE_BYTES)) or [offset]
         pos = 0
@@ -215,25 +266,30 @@ class _ObjectFile(StoredFile):
         return parts
 
     def close(self) -> None:
+        if self._whole is not None:
+            self._whole.cancel()
         self._whole = None
 
 
 class _ObjectStep(StoredStep):
     def __init__(self, store: FsspecStore, step: int) -> None:
         self.step = step
-        self._store = store
+        self.store = store
         self._name = step_name(step)
         self.where = f"checkpoint step {step} ({store.location}/{self._name})"
+        self._sizes: dict[str, int] | None = None
+        self._opened: list[_ObjectFile] = []
+        self._pool: ThreadPoolExecutor | None = None
         self._tag = self._manifest_tag()
         if self._tag is None:
             raise NoCheckpointError(f"step {step} is not committed in {store.location}")
 
     def _manifest_tag(self) -> str | None:
         """Identity of the manifest object (ETag, or size+mtime), None if it does not exist."""
-        path = self._store.path(self._name, MANIFEST_NAME)
-        self._store.fs.invalidate_cache(path)
+        path = self.store.path(self._name, MANIFEST_NAME)
+        self.store.fs.invalidate_cache(path)
         try:
-            info = self._store._call(lambda: self._store.fs.info(path), f"opening step {self.step}")
+            info = self.store._call(lambda: self.store.fs.info(path), f"opening step {self.step}")
         except FileNotFoundError:
             return None
         return str(
@@ -241,27 +297,78 @@ class _ObjectStep(StoredStep):
         )
 
     def manifest_bytes(self, limit: int) -> bytes:
-        path = self._store.path(self._name, MANIFEST_NAME)
+        path = self.store.path(self._name, MANIFEST_NAME)
         try:
-            data: bytes = self._store._call(
-                lambda: self._store.fs.cat_file(path, start=0, end=limit), f"reading step {self.step}"
+            data: bytes = self.store._call(
+                lambda: self.store.fs.cat_file(path, start=0, end=limit), f"reading step {self.step}"
             )
         except FileNotFoundError:
             raise CorruptCheckpointError(f"{self.where}: manifest.json is missing") from None
         return data
 
+    def _listed_size(self, name: str) -> int | None:
+        """The size of the step's object ``name`` from one listing of the step (one request for all
+        its shards instead of one each); None if the listing does not show it."""
+        if self._sizes is None:
+            folder = self.store.path(self._name)
+            self.store.fs.invalidate_cache(folder)
+            try:
+                found = self.store._call(
+                    lambda: self.store.fs.find(folder, detail=True), f"listing step {self.step}"
+                )
+            except FileNotFoundError:
+                found = {}
+            prefix = folder.rstrip("/") + "/"
+            self._sizes = {
+                key[len(prefix) :]: int(info["size"])
+                for key, info in found.items()
+                if key.startswith(prefix) and info.get("type", "file") == "file" and "size" in info
+            }
+        return self._sizes.get(name)
+
     def open_file(self, name: str) -> StoredFile:
-        path = self._store.path(self._name, name)
-        try:
-            info = self._store._call(lambda: self._store.fs.info(path), f"opening {name} of step {self.step}")
-        except FileNotFoundError:
-            raise CorruptCheckpointError(f"{self.where}: data file {name} is missing") from None
-        if info.get("type", "file") != "file":
-            raise CorruptCheckpointError(f"{self.where}: {name} is not a file")
-        return _ObjectFile(self._store, path, int(info["size"]), self.where)
+        path = self.store.path(self._name, name)
+        size = self._listed_size(name)
+        if size is None:  # not listed: ask for it by name (a store whose listing lags)
+            try:
+                info = self.store._call(
+                    lambda: self.store.fs.info(path), f"opening {name} of step {self.step}"
+                )
+            except FileNotFoundError:
+                raise CorruptCheckpointError(f"{self.where}: data file {name} is missing") from None
+            if info.get("type", "file") != "file":
+                raise CorruptCheckpointError(f"{self.where}: {name} is not a file")
+            size = int(info["size"])
+        file = _ObjectFile(self, path, size, len(self._opened))
+        self._opened.append(file)
+        return file
+
+    def submit(self, fetch: Callable[[], bytes]) -> Future[bytes]:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(READS, thread_name_prefix="crashsafe-read")
+        return self._pool.submit(fetch)
+
+    def reading(self, file: _ObjectFile) -> None:
+        """``file`` is being read: make sure it and the next READS - 1 shards are being fetched."""
+        file.fetch_ahead()
+        ahead = 1
+        for other in self._opened[file.index + 1 :]:
+            if ahead >= READS:
+                break
+            if other.packed:
+                other.fetch_ahead()
+                ahead += 1
 
     def vanished(self) -> bool:
         return self._manifest_tag() != self._tag
+
+    def close(self) -> None:
+        for file in self._opened:
+            file.close()
+        self._opened.clear()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
 
 
 class _ObjectDraft(Draft):
