@@ -46,6 +46,7 @@ def main(argv: list[str]) -> None:
     size = (64 if args.quick else 512) * MiB
     obj = None
     tier_rows: dict[str, Any] = {}
+    tier_bytes = 0
     rows = found = floor = None
     if "objectstore" in parts:
         with moto_server() as options:
@@ -54,7 +55,9 @@ def main(argv: list[str]) -> None:
         for server, nice in TIER_SERVERS.items():
             with moto_server(nice) as options:
                 print(f"-- server: {server}", flush=True)
-                tier_rows[server] = tiers.run(options, size, repeat, saves=3 if args.quick else 5, between=3)
+                tier_size = (64 if args.quick else 128) * MiB  # each mirrored step is uploaded and read back
+                saves = 3 if args.quick else 4
+                tier_bytes, tier_rows[server] = tiers.run(options, tier_size, repeat, saves=saves, between=3)
     if "commit" in parts:
         print("-- durable local commit", flush=True)
         rows = commit.run(repeat, args.quick)
@@ -68,7 +71,7 @@ def main(argv: list[str]) -> None:
     if obj is not None:
         lines += report.objectstore(*obj)
     if tier_rows:
-        lines += report.tiers(tier_rows, size)
+        lines += report.tiers(tier_rows, tier_bytes)
     if rows is not None and floor is not None:
         lines += report.commit(rows, found, floor)
         report.plot(rows, RESULTS / "storage.png")

@@ -3,8 +3,11 @@ real training loop of bench/core.py's MLP + Adam."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -25,23 +28,62 @@ def train_steps(state: dict[str, Any], x: torch.Tensor, steps: int) -> None:
         optim.zero_grad(set_to_none=True)
 
 
+# the same S3 traffic as a mirror's (upload, then read back), from another process: what the
+# cores alone cost the loop, without sharing this process's GIL
+_TRAFFIC = """
+import json, sys, threading, s3fs
+options, prefix, nbytes = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+fs = s3fs.S3FileSystem(**options)
+blob, part = bytes(nbytes), 64 << 20
+objects = {f"{prefix}/{i:05d}": blob[i : i + part] for i in range(0, nbytes, part)}
+stop = threading.Event()
+threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+print("ready", flush=True)
+while not stop.is_set():
+    fs.pipe(objects, batch_size=4)
+    fs.cat(list(objects), batch_size=8)
+fs.rm(prefix, recursive=True)
+"""
+
+
 def bench_loop(
-    state: dict[str, Any], options: dict[str, Any] | None, tag: str, saves: int, between: int
+    state: dict[str, Any],
+    options: dict[str, Any] | None,
+    tag: str,
+    saves: int,
+    between: int,
+    traffic: bool = False,
 ) -> Row:
     """Save every ``between`` steps (async, the default). stall = how long ``save`` blocks the loop,
     split into waiting for the previous save's commit (``mgr.wait()``, called just before) and the
     rest (the copy into staging and bookkeeping); compute = the training steps between saves."""
     directory = WORK / f"tiers-{tag}"
     shutil.rmtree(directory, ignore_errors=True)
-    mirror = None if options is None else f"s3://{BUCKET}/tier-{tag}"
+    mirror = None if options is None or traffic else f"s3://{BUCKET}/tier-{tag}"
     mgr = cs.CheckpointManager(
         directory,
         keep_last=2,
         mirror=mirror,
-        storage_options=options,
+        storage_options=options if mirror else None,
         mirror_keep_last=2 if mirror else None,
     )
     x = torch.randn(32, state["model"][0].in_features)
+    side = None
+    if traffic:
+        side = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                _TRAFFIC,
+                json.dumps(options),
+                f"{BUCKET}/traffic-{tag}",
+                str(state_bytes(state)),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert side.stdout is not None and side.stdout.readline().strip() == "ready"
     stalls, waits, computes = [], [], []
     for i in range(saves):
         t0 = time.perf_counter()
@@ -53,6 +95,10 @@ def bench_loop(
         mgr.save((i + 1) * between, state)
         stalls.append(time.perf_counter() - t0)
         waits.append(t1 - t0)
+    if side is not None:
+        assert side.stdin is not None
+        side.stdin.close()
+        side.wait()
     t0 = time.perf_counter()
     mgr.wait()
     drain = time.perf_counter() - t0
@@ -62,7 +108,7 @@ def bench_loop(
     mgr.close()
     assert mirrored
     if mirror is not None:
-        fs = s3(options or {})
+        fs = s3(options)
         assert fs.ls(f"{BUCKET}/tier-{tag}"), "nothing mirrored"
         wipe(fs, f"tier-{tag}")
     shutil.rmtree(directory, ignore_errors=True)
@@ -80,9 +126,12 @@ def bench_loop(
 
 
 LOCAL, MIRROR = "local only", "local + mirror s3://"
+TRAFFIC = "local only + the same S3 traffic from another process"
 
 
-def run(options: dict[str, Any], size: int, repeat: int, saves: int, between: int) -> dict[str, Row]:
+def run(
+    options: dict[str, Any], size: int, repeat: int, saves: int, between: int
+) -> tuple[int, dict[str, Row]]:
     """Both setups alternately (order flipped each repeat); the best of each figure, and the
     spread of each setup's stall over the repeats (the noise)."""
     state = make_state(size)
@@ -93,6 +142,7 @@ def run(options: dict[str, Any], size: int, repeat: int, saves: int, between: in
     methods: dict[str, Callable[[str], Row]] = {
         LOCAL: lambda tag: bench_loop(state, None, f"local-{tag}", saves, between),
         MIRROR: lambda tag: bench_loop(state, options, f"mirror-{tag}", saves, between),
+        TRAFFIC: lambda tag: bench_loop(state, options, f"traffic-{tag}", saves, between, traffic=True),
     }
     samples: dict[str, list[float]] = {name: [] for name in methods}
     rows: dict[str, Row] = {}
@@ -106,4 +156,4 @@ def run(options: dict[str, Any], size: int, repeat: int, saves: int, between: in
             print(f"   {name:22s} " + " ".join(f"{k}={v:.3f}" for k, v in row.items()), flush=True)
     for name in names:
         rows[name]["stall_spread"] = max(samples[name]) / min(samples[name])
-    return rows
+    return state_bytes(state), rows
