@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import crashsafe as cs
 
@@ -16,6 +17,19 @@ def test_all_names_exist() -> None:
 def test_import_does_not_pull_heavy_dependencies() -> None:
     heavy = "('torch', 'ray', 'scipy', 'sklearn')"
     code = f"import sys, crashsafe; print(sorted(m for m in {heavy} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_a_numpy_only_manager_never_imports_torch(tmp_path: Path) -> None:
+    """Saving and restoring numpy state must not pay for importing torch (seconds in a fresh
+    process; a standby parameter server opened its first manager during recovery)."""
+    code = (
+        "import sys, numpy as np, crashsafe as cs\n"
+        f"with cs.CheckpointManager({str(tmp_path)!r}, async_save=False) as mgr:\n"
+        "    mgr.save(1, {'w': np.ones(3)}); mgr.restore({'w': np.zeros(3)})\n"
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 

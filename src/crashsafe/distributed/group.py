@@ -10,6 +10,7 @@ timeout, never hang.
 from __future__ import annotations
 
 import datetime
+import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -26,10 +27,10 @@ def distributed_group(process_group: Any) -> Any | None:
     torch.distributed is initialized, else None (a single process)."""
     if process_group is not None:
         return process_group
-    try:
-        import torch.distributed as dist
-    except ImportError:
+    if "torch.distributed" not in sys.modules:  # nobody initialized it; importing it costs seconds
         return None
+    import torch.distributed as dist
+
     if dist.is_available() and dist.is_initialized():
         return dist.group.WORLD
     return None
