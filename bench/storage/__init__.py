@@ -47,7 +47,7 @@ def main(argv: list[str]) -> None:
     obj = None
     tier_rows: dict[str, Any] = {}
     tier_bytes = 0
-    rows = found = floor = None
+    rows = found = floor = split = None
     if "objectstore" in parts:
         with moto_server() as options:
             obj = objectstore.run(options, size, repeat)
@@ -64,6 +64,7 @@ def main(argv: list[str]) -> None:
         print("-- syscall counts (strace)", flush=True)
         found = commit.count_syscalls()
         floor = commit.measure_protocols()
+        split = commit.phases()
     elapsed = time.perf_counter() - began
     shutil.rmtree(WORK, ignore_errors=True)
     command = "make bench BENCH=storage" + "".join(f" {a}" for a in argv)
@@ -73,7 +74,7 @@ def main(argv: list[str]) -> None:
     if tier_rows:
         lines += report.tiers(tier_rows, tier_bytes)
     if rows is not None and floor is not None:
-        lines += report.commit(rows, found, floor)
+        lines += report.commit(rows, found, floor, split)
         report.plot(rows, RESULTS / "storage.png")
         lines += ["![durable commit](storage.png)", ""]
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -39,11 +39,13 @@ from crashsafe.storage.retry import with_retries
 
 __all__ = ["FsspecStore"]
 
-SHARD_BYTES = 64 << 20  # payloads are packed into objects of about this size
+# 16 MiB objects, 8 requests at once: the fastest of the raw s3fs ways measured on the test
+# server (bench/results/storage.md), and the usual size of S3 clients' parts
+SHARD_BYTES = 16 << 20  # payloads are packed into objects of about this size
 RANGE_BYTES = 16 << 20  # large reads are split into ranges fetched in parallel
 PART_BYTES = 16 << 20  # S3 multipart part size for large payloads
 PARTS_IN_FLIGHT = 4  # parts of one large payload uploaded at once
-UPLOADS = 4  # shards in flight at once
+UPLOADS = 8  # shards in flight at once
 READS = 8  # shards of a step being read fetched at once (the one read and the next ones)
 # fsspec protocols whose "create" write is atomic create-if-absent
 _ATOMIC_CREATE = frozenset({"s3", "s3a", "file", "local", "memory"})
@@ -112,14 +114,17 @@ class FsspecStore(Store):
         return with_retries(op, f"{what} ({self.location})")
 
     def _objects(self) -> list[str]:
-        """Keys below the root, relative to it, at most two levels deep (step_<n>/<file>)."""
+        """Keys below the root, relative to it, at most two levels deep (step_<n>/<file>). One flat
+        listing (on S3 a request per 1000 keys), not one per step prefix."""
         self.fs.invalidate_cache(self.root)
         try:
-            found = self._call(lambda: self.fs.find(self.root, maxdepth=2), "listing checkpoints")
+            found = self._call(lambda: self.fs.find(self.root), "listing checkpoints")
         except FileNotFoundError:
             return []
         prefix = self.root + "/"
-        return [key[len(prefix) :] for key in found if key.startswith(prefix)]
+        return [
+            key[len(prefix) :] for key in found if key.startswith(prefix) and key.count("/", len(prefix)) <= 1
+        ]
 
     # ------------------------------------------------------------------------- Store
 
@@ -230,7 +235,8 @@ class _ObjectFile(StoredFile):
         return self.size <= SHARD_BYTES
 
     def fetch_ahead(self) -> None:
-        """Start fetching this shard whole in the background, unless it is fetched or was read."""
+        """Start fetching this shard whole in the background, unless it is fetched or was read
+        (called under the step's lock)."""
         if self.packed and self._whole is None and not self._done:
             self._whole = self._step.submit(lambda: self._fetch([0], [self.size])[0])
 
@@ -238,16 +244,18 @@ class _ObjectFile(StoredFile):
         n = len(view)
         if offset + n > self.size:
             raise CorruptCheckpointError(f"{self._where}: {self._path} ended early")
-        if self.packed:
-            if self._whole is None:  # read again after it was dropped: fetch it again
-                self._done, self._read = False, 0
-            self._step.reading(self)
-            assert self._whole is not None
-            whole = self._whole.result()
-            view[:] = memoryview(whole)[offset : offset + n]
-            self._read += n
-            if self._read >= self.size:  # payloads tile a packed shard: each byte was read once
-                self._whole, self._done = None, True
+        if self.packed:  # readers may be several threads: the bookkeeping is under the step's lock
+            with self._step.lock:
+                if self._whole is None:  # read again after it was dropped: fetch it again
+                    self._done, self._read = False, 0
+                self._step.reading(self)
+                whole = self._whole
+            assert whole is not None
+            view[:] = memoryview(whole.result())[offset : offset + n]
+            with self._step.lock:
+                self._read += n
+                if self._read >= self.size and self._whole is whole:  # each byte was read once
+                    self._whole, self._done = None, True
             return
         starts = list(range(offset, offset + n, RANGE_BYTES)) or [offset]
         pos = 0
@@ -280,6 +288,7 @@ class _ObjectStep(StoredStep):
         self._sizes: dict[str, int] | None = None
         self._opened: list[_ObjectFile] = []
         self._pool: ThreadPoolExecutor | None = None
+        self.lock = threading.Lock()
         self._tag = self._manifest_tag()
         if self._tag is None:
             raise NoCheckpointError(f"step {step} is not committed in {store.location}")
@@ -349,7 +358,8 @@ class _ObjectStep(StoredStep):
         return self._pool.submit(fetch)
 
     def reading(self, file: _ObjectFile) -> None:
-        """``file`` is being read: make sure it and the next READS - 1 shards are being fetched."""
+        """``file`` is being read: make sure it and the next READS - 1 shards are being fetched
+        (called under ``lock``)."""
         file.fetch_ahead()
         ahead = 1
         for other in self._opened[file.index + 1 :]:
