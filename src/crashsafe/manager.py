@@ -14,7 +14,6 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -43,7 +42,7 @@ from crashsafe.policies.base import EverySteps, SaveContext, SavePolicy
 from crashsafe.policies.keep import Mode, StepFacts
 from crashsafe.policies.retention import UNSET, KeepSpec, Unset, retention_policy
 from crashsafe.preemption import EXIT_STATUS, SigtermWatch
-from crashsafe.saving import save_step
+from crashsafe.saving import SaveStats, save_step
 from crashsafe.state.rebuild import apply_into, check_into
 from crashsafe.state.staging import StagingPool, view_bytes
 from crashsafe.state.tree import ArrayLeaf, flatten
@@ -58,17 +57,6 @@ __all__ = ["CheckpointManager", "CodecSpec", "SaveStats"]
 _T = TypeVar("_T")
 
 _VERSION = "0.1.0"
-
-
-@dataclass(frozen=True)
-class SaveStats:
-    """Measured cost of one committed save (seconds and bytes)."""
-
-    step: int
-    stall: float
-    persist: float
-    raw_bytes: int
-    stored_bytes: int
 
 
 class CheckpointManager:
@@ -470,8 +458,12 @@ class CheckpointManager:
         """The committed step with the best ``metric`` (``"min"``: lowest, ``"max"``: highest; ties: the
         newest), of either tier; None if there is no step, NoCheckpointError if none records it."""
         self._wait_pending()
-        with self._reading() as stores:
-            return best_step(stores, listed_steps(stores), metric, mode)
+
+        def find() -> int | None:
+            with self._reading() as stores:
+                return best_step(stores, listed_steps(stores), metric, mode)
+
+        return self._by_leader(find, "finding the best step")  # every rank picks the same
 
     def manifest(self, step: int | None = None) -> Manifest:
         """The validated manifest of ``step`` (default: the newest)."""

@@ -8,6 +8,7 @@ every rank writes its part and rank 0 commits, is :mod:`crashsafe.distributed.sa
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -18,7 +19,18 @@ from crashsafe.state.tree import ArrayLeaf
 from crashsafe.storage.base import Store
 from crashsafe.storage.writer import StepWriter
 
-__all__ = ["save_step"]
+__all__ = ["SaveStats", "save_step"]
+
+
+@dataclass(frozen=True)
+class SaveStats:
+    """Measured cost of one committed save (seconds and bytes)."""
+
+    step: int
+    stall: float
+    persist: float
+    raw_bytes: int
+    stored_bytes: int
 
 
 def save_step(
