@@ -63,7 +63,7 @@ def main(argv: list[str]) -> None:
         rows = commit.run(repeat, args.quick)
         print("-- syscall counts (strace)", flush=True)
         found = commit.count_syscalls()
-        floor = commit.measure_protocols()
+        floor = commit.measure_floor()
         split = commit.phases()
     elapsed = time.perf_counter() - began
     shutil.rmtree(WORK, ignore_errors=True)

@@ -327,6 +327,38 @@ PROTOCOLS = {
 }
 
 
+# another process committing 256 KiB files to the same file system in a loop: a busy journal
+_BUSY = """
+import os, sys
+d = sys.argv[1]
+data = os.urandom(256 << 10)
+i = 0
+while True:
+    fd = os.open(os.path.join(d, f"f{i % 8}"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.write(fd, data)
+    os.fsync(fd)
+    os.close(fd)
+    i += 1
+"""
+
+
+def measure_floor(samples: int = 60) -> dict[str, Row]:
+    """The protocols' floor with the disk to themselves, and with another process committing
+    files to the same file system meanwhile (as other jobs on a machine do)."""
+    quiet = measure_protocols(samples)
+    busy_dir = WORK / "busy"
+    busy_dir.mkdir(parents=True, exist_ok=True)
+    other = subprocess.Popen([sys.executable, "-c", _BUSY, str(busy_dir)])
+    try:
+        time.sleep(0.5)
+        busy = measure_protocols(samples)
+    finally:
+        other.terminate()
+        other.wait()
+        shutil.rmtree(busy_dir, ignore_errors=True)
+    return {"quiet": quiet, "busy": busy}
+
+
 def measure_protocols(samples: int = 60) -> Row:
     """Each commit protocol with bare syscalls (1 KiB of data, no library code), interleaved:
     the floor of each on this disk."""
