@@ -9,6 +9,7 @@ timeout, never hang.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import sys
 from collections.abc import Callable
@@ -96,7 +97,11 @@ class Coordinator:
             ) from None
 
     def close(self) -> None:
-        """Leave the coordination group (a collective: every rank calls it)."""
+        """Leave the coordination group (a collective: every rank calls it). The ranks first meet,
+        so no rank tears its connections down while a peer still uses them (gloo aborts the
+        process, at exit, when a peer vanishes under a live pair)."""
         if self.group is not None:
+            with contextlib.suppress(CoordinationError):  # a dead peer: leave anyway
+                self._run(lambda: self._dist.barrier(group=self.group), "closing")
             self._dist.destroy_process_group(self.group)
             self.group = None

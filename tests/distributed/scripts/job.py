@@ -89,6 +89,7 @@ def main() -> None:
         arrays.update({f"optim.{i}.{k}": full(v) for k, v in slots.items()})
     if dist.get_rank() == 0:
         np.savez(out, **arrays)
+    dist.barrier()  # leave together: a rank exiting while its peer still holds pairs aborts it
     dist.destroy_process_group()
 
 
