@@ -342,21 +342,26 @@ while True:
 """
 
 
-def measure_floor(samples: int = 60) -> dict[str, Row]:
-    """The protocols' floor with the disk to themselves, and with another process committing
-    files to the same file system meanwhile (as other jobs on a machine do)."""
-    quiet = measure_protocols(samples)
+def measure_floor(rounds: int = 4, samples: int = 20) -> dict[str, Row]:
+    """The protocols' floor alone, and while another process commits files to the same file system
+    (as other jobs on a machine do); the two alternate round by round, so that what else the
+    machine does at the time weighs on both alike."""
+    found: dict[str, dict[str, list[float]]] = {"alone": {}, "busy": {}}
     busy_dir = WORK / "busy"
-    busy_dir.mkdir(parents=True, exist_ok=True)
-    other = subprocess.Popen([sys.executable, "-c", _BUSY, str(busy_dir)])
-    try:
-        time.sleep(0.5)
-        busy = measure_protocols(samples)
-    finally:
-        other.terminate()
-        other.wait()
-        shutil.rmtree(busy_dir, ignore_errors=True)
-    return {"quiet": quiet, "busy": busy}
+    for _ in range(rounds):
+        for name, t in measure_protocols(samples).items():
+            found["alone"].setdefault(name, []).append(t)
+        busy_dir.mkdir(parents=True, exist_ok=True)
+        other = subprocess.Popen([sys.executable, "-c", _BUSY, str(busy_dir)])
+        try:
+            time.sleep(0.3)
+            for name, t in measure_protocols(samples).items():
+                found["busy"].setdefault(name, []).append(t)
+        finally:
+            other.terminate()
+            other.wait()
+            shutil.rmtree(busy_dir, ignore_errors=True)
+    return {how: {name: statistics.median(v) for name, v in rows.items()} for how, rows in found.items()}
 
 
 def measure_protocols(samples: int = 60) -> Row:
@@ -428,7 +433,7 @@ PHASES = {  # label: (module, class or "", function)
 
 def phases(saves: int = 30) -> tuple[float, Row]:
     """crashsafe's sync save of the tiny GPT-2 + AdamW, its time split by phase (each phase's
-    function wrapped with a timer for this measurement only): (median save, mean per phase)."""
+    function wrapped with a timer for this measurement only): (mean save, mean per phase)."""
     import importlib
 
     spent: dict[str, float] = dict.fromkeys(PHASES, 0.0)
@@ -465,4 +470,4 @@ def phases(saves: int = 30) -> tuple[float, Row]:
     finally:
         for owner, name, original in undo:
             setattr(owner, name, original)
-    return statistics.median(times), {label: t / saves for label, t in spent.items()}
+    return statistics.mean(times), {label: t / saves for label, t in spent.items()}
