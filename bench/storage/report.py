@@ -195,11 +195,12 @@ def commit(
         f"{quiet[mine] / quiet[base]:.2f}x the baseline's (1 file, 2 fsyncs) alone and "
         f"{busy[mine] / busy[base]:.2f}x with another process committing files; with the 3 fsyncs one "
         f"after the other it is {quiet[serial] / quiet[base]:.2f}x and {busy[serial] / busy[base]:.2f}x. "
-        "Issued at once, the three wait for one journal commit instead of three: that is what brings "
-        "4 fsyncs to the cost of the baseline's 2. How much an fsync costs here swings with what else "
-        "the machine writes at that moment (compare the rows of the commit table), so a small state's "
-        "ratio does too; where the fsyncs are cheap, crashsafe's fixed Python work (about a millisecond "
-        "per save) decides",
+        "Issued at once, the three can share one journal commit: where each fsync waits for a commit of "
+        "its own (a busy journal: milliseconds per fsync, as in many rows of the commit table), that brings "
+        "4 fsyncs to the cost of the baseline's 2; where fsyncs cost a fraction of a millisecond, "
+        "crashsafe's extra file, directory and fsyncs and its fixed Python work (about a millisecond per "
+        "save) show. How much an fsync costs swings with what else the machine writes at that moment, so "
+        "a small state's ratio does too",
     ]
     if split is not None:
         total, parts = split
