@@ -49,10 +49,8 @@ class MappedFile:
 
     def prefetch(self, offset: int, nbytes: int) -> None:
         """Ask the kernel to start reading the range from disk now (a hint: errors surface later)."""
-        if nbytes <= 0:
-            return
         start = offset - offset % mmap.PAGESIZE
-        with contextlib.suppress(OSError, ValueError):
+        with contextlib.suppress(OSError):
             self.region.madvise(mmap.MADV_WILLNEED, start, offset + nbytes - start)
 
     def populate(self, offset: int, nbytes: int) -> None:
