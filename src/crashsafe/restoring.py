@@ -40,10 +40,6 @@ from crashsafe.storage.base import Store
 __all__ = ["restore_into"]
 
 MAX_THREADS = 4  # payloads read or decoded at once
-BYTES_PER_LANE = 1 << 30  # a second copying thread paid off for 2 GiB here, not for 64 or 512 MiB
-
-
-_Work = Callable[[PayloadEntry, Destination], object]  # one payload: read into place, or check
 
 
 class _Changes:
@@ -119,48 +115,37 @@ def restore_step(
     apply_into(state, saved)
 
 
-def _each(jobs: list[tuple[PayloadEntry, Destination]], work: _Work) -> None:
-    """``work`` on every job. Raw payloads go in lanes of about equal bytes, each in file order (a
-    lane per BYTES_PER_LANE, up to a lane per core: a small state is read faster by one thread),
-    payloads to decode are spread over the
-    cores beside them, the largest first; payloads of delta chains go last, one at a time (a chain
-    opens readers of other steps). Returns once no job runs any more, so nothing writes into live
-    memory after a failure is raised."""
-    cores = min(MAX_THREADS, os.cpu_count() or 1)
-    raw = [j for j in jobs if _is_raw(j[0])]
-    lanes = _lanes(raw, max(1, min(cores, sum(entry.nbytes for entry, _ in raw) // BYTES_PER_LANE)))
+def _each(
+    jobs: list[tuple[PayloadEntry, Destination]], work: Callable[[PayloadEntry, Destination], object]
+) -> None:
+    """``work`` on every job. Raw payloads go one after another in file order (copying them is
+    bound by memory bandwidth and the disk, which a second thread did not speed up here: one
+    sequential stream is what both like best); payloads to decode are spread over the cores beside
+    them, the largest first; payloads of delta chains go last, one at a time (a chain opens readers
+    of other steps). Returns once no job runs any more, so nothing writes into live memory after
+    a failure is raised."""
+    raw = sorted((j for j in jobs if _is_raw(j[0])), key=lambda j: (j[0].file, j[0].offset))
     decode = sorted((j for j in jobs if not _is_raw(j[0]) and j[0].base is None), key=lambda j: -j[0].nbytes)
+    lanes: list[list[tuple[PayloadEntry, Destination]]] = [raw] if raw else []
     lanes += [[job] for job in decode]
-    threads = min(cores, len(lanes))
-    if threads <= 1:  # here: no thread to start
-        _run([job for lane in lanes for job in lane], work)
-    else:
-        with ThreadPoolExecutor(threads, thread_name_prefix="crashsafe-read") as pool:
-            futures = [pool.submit(_run, lane, work) for lane in lanes]
-            try:
-                for future in futures:
-                    future.result()
-            finally:
-                for future in futures:
-                    future.cancel()
-                wait(futures)
+    threads = min(MAX_THREADS, os.cpu_count() or 1, len(lanes))
+    if threads <= 1:
+        lanes = [[job for lane in lanes for job in lane]]
+    with ThreadPoolExecutor(max(threads, 1), thread_name_prefix="crashsafe-read") as pool:
+        futures = [pool.submit(_run, lane, work) for lane in lanes]
+        try:
+            for future in futures:
+                future.result()
+        finally:
+            for future in futures:
+                future.cancel()
+            wait(futures)
     _run([j for j in jobs if not _is_raw(j[0]) and j[0].base is not None], work)
 
 
-def _lanes(
-    raw: list[tuple[PayloadEntry, Destination]], count: int
-) -> list[list[tuple[PayloadEntry, Destination]]]:
-    """Raw payloads dealt into ``count`` lanes of about equal bytes, each read in file order."""
-    lanes: list[list[tuple[PayloadEntry, Destination]]] = [[] for _ in range(count)]
-    loads = [0] * count
-    for job in sorted(raw, key=lambda j: -j[0].nbytes):
-        lightest = loads.index(min(loads))
-        lanes[lightest].append(job)
-        loads[lightest] += job[0].nbytes
-    return [sorted(lane, key=lambda j: (j[0].file, j[0].offset)) for lane in lanes if lane]
-
-
-def _run(lane: list[tuple[PayloadEntry, Destination]], work: _Work) -> None:
+def _run(
+    lane: list[tuple[PayloadEntry, Destination]], work: Callable[[PayloadEntry, Destination], object]
+) -> None:
     for entry, destination in lane:
         work(entry, destination)
 
