@@ -29,8 +29,6 @@ LAYERS: list[tuple[str, ...]] = [
         "crashsafe.mirroring",
         "crashsafe.distributed",
         "crashsafe.saving",
-        "crashsafe.restoring",
-        "crashsafe.mapping",
     ),
     ("crashsafe.shelf",),
     ("crashsafe.manager",),
