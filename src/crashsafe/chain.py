@@ -22,6 +22,7 @@ import numpy as np
 
 from crashsafe._closing import Closing
 from crashsafe.codecs.base import Codec, DeltaCodec, Reference
+from crashsafe.codecs.raw import Raw
 from crashsafe.codecs.registry import get_codec
 from crashsafe.errors import CodecError, CorruptCheckpointError, NoCheckpointError
 from crashsafe.format.dtypes import storage_dtype
@@ -121,14 +122,54 @@ class ChainReader(Closing):
         for entry in self.manifest(step).payloads:
             yield entry, self.decode(step, entry, verify_only=verify_only)
 
-    def decode(self, step: int, entry: PayloadEntry, *, verify_only: bool = False) -> Any:
-        """One payload of ``step``, decoded through its chain and verified (storage dtype)."""
+    def decode(
+        self,
+        step: int,
+        entry: PayloadEntry,
+        *,
+        verify_only: bool = False,
+        out: np.ndarray[Any, Any] | None = None,
+    ) -> Any:
+        """One payload of ``step``, decoded through its chain and verified (storage dtype).
+
+        With ``out`` (C-contiguous, the payload's storage dtype and shape: the memory of a live
+        tensor) it is decoded into ``out``, raw bytes read straight in and checksummed as they land,
+        and ``out`` is returned. If it turns out damaged, ``out`` may hold part of it."""
         target = self._reader(step)
         try:
+            if out is not None:
+                return self._into(step, entry, out)
             return self._payload(step, entry, verify_only)
         except (CorruptCheckpointError, NoCheckpointError):
             target.raise_if_vanished()
             raise
+
+    def check(self, step: int, entry: PayloadEntry) -> None:
+        """Verify the stored bytes of a payload and of every link of its chain, decoding nothing."""
+        target = self._reader(step)
+        try:
+            links = self._chain(step, entry) if entry.base is not None else [(step, entry)]
+            for at, link in links:
+                self._reader(at).check_stored(link)
+        except (CorruptCheckpointError, NoCheckpointError):
+            target.raise_if_vanished()
+            raise
+
+    def _into(self, step: int, entry: PayloadEntry, out: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        reader = self._reader(step)
+        codec = self._codec(reader, entry)
+        if (out.dtype, out.shape) != _layout(entry) or not out.flags.c_contiguous:
+            raise ValueError(f"payload '{entry.path}' cannot be decoded into a {out.dtype}{out.shape} array")
+        if isinstance(codec, Raw) and entry.nbytes == entry.raw_nbytes:
+            reader.read_into(entry, out)
+            return out
+        if not isinstance(codec, DeltaCodec) or entry.base is None:
+            _decode(reader, entry, lambda data: codec.decode_into(data, out))
+            return out
+        reference = None
+        for at, link in self._chain(step, entry):
+            reference = self._link(codec, step, at, link, reference, out)
+        return out
 
     def _payload(self, step: int, entry: PayloadEntry, verify_only: bool) -> Any:
         reader = self._reader(step)
@@ -145,25 +186,37 @@ class ChainReader(Closing):
             reference = cached[1]
             links = links[[at for at, _ in links].index(cached[0]) + 1 :]
         for at, link in links:
-            try:
-                reference = self._decode_link(codec, at, link, reference)
-            except CorruptCheckpointError as exc:
-                if at == step:
-                    raise
-                raise CorruptCheckpointError(
-                    f"checkpoint step {step}: payload '{entry.path}' is a delta of step {at}, which is "
-                    f"damaged: {exc}"
-                ) from None
+            reference = self._link(codec, step, at, link, reference)
         assert reference is not None
         if self._references is not None:
             self._references[entry.path] = (step, reference)
         return reference.array
 
-    def _decode_link(
-        self, codec: DeltaCodec, at: int, link: PayloadEntry, reference: Reference | None
+    def _link(
+        self,
+        codec: DeltaCodec,
+        step: int,
+        at: int,
+        link: PayloadEntry,
+        reference: Reference | None,
+        out: np.ndarray[Any, Any] | None = None,
     ) -> Reference:
+        """Decode one link (of step ``at``) of a chain of ``step``'s payload; the full payload at its
+        start goes into ``out`` if given. Damage of a base step is reported as such."""
+        reader = self._reader(at)
         dtype, shape = _layout(link)
-        return _decode(self._reader(at), link, lambda data: codec.decode_delta(data, dtype, shape, reference))
+        try:
+            if reference is None and out is not None:
+                _decode(reader, link, lambda data: codec.decode_into(data, out))
+                return Reference(out)
+            return _decode(reader, link, lambda data: codec.decode_delta(data, dtype, shape, reference))
+        except CorruptCheckpointError as exc:
+            if at == step:
+                raise
+            raise CorruptCheckpointError(
+                f"checkpoint step {step}: payload '{link.path}' is a delta of step {at}, which is "
+                f"damaged: {exc}"
+            ) from None
 
     def _chain(self, step: int, entry: PayloadEntry) -> list[tuple[int, PayloadEntry]]:
         """(step, entry) from the full payload up to ``entry``, every link validated."""

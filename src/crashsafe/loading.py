@@ -9,8 +9,8 @@ reader beside a writer always ends on a whole step.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from crashsafe.chain import ChainReader
 from crashsafe.distributed.shards import Targets, read_sharded
@@ -22,11 +22,26 @@ from crashsafe.errors import (
     NoCheckpointError,
     StorageError,
 )
+from crashsafe.format.manifest import Manifest, PayloadEntry
 from crashsafe.state.rebuild import to_value, unflatten
 from crashsafe.storage.base import Store
 from crashsafe.storage.oserror import storage_error
 
-__all__ = ["ARRAY_NODES", "READ_ATTEMPTS", "array_ids", "listed_steps", "newest_intact", "read_state"]
+__all__ = [
+    "ARRAY_NODES",
+    "READ_ATTEMPTS",
+    "array_ids",
+    "holding",
+    "listed_steps",
+    "newest",
+    "newest_intact",
+    "read_state",
+    "read_value",
+    "reading_error",
+    "state_of",
+]
+
+_T = TypeVar("_T")
 
 READ_ATTEMPTS = 5  # listings tried when every step tried vanished
 ARRAY_NODES = ("array", "view")  # tree nodes that point at a payload by its index
@@ -46,19 +61,40 @@ def read_state(
             values: list[Any] = [None] * len(manifest.payloads)  # a tree asks only for the arrays it uses
             for i in sorted(array_ids(tree)):
                 entry = manifest.payloads[i]
-                target = None if targets is None else targets.get(entry.path)
-                if entry.shard is None and target is None:
-                    values[i] = to_value(entry.kind, entry.dtype, chains.decode(step, entry), numpy)
-                else:
-                    values[i] = read_sharded(chains, manifest, entry, target, numpy)
+                values[i] = read_value(chains, manifest, entry, numpy, targets)
     except OSError as exc:
-        if isinstance(exc, CrashsafeError):
-            raise
-        raise storage_error(exc, f"reading step {step} from {store.location}") from None
+        raise reading_error(exc, store, step) from None
+    return state_of(tree, values, step)
+
+
+def read_value(
+    chains: ChainReader, manifest: Manifest, entry: PayloadEntry, numpy: bool, targets: Targets | None = None
+) -> Any:
+    """One payload of a step as the value it was saved as, verified (a shard: see :func:`read_state`)."""
+    target = None if targets is None else targets.get(entry.path)
+    if entry.shard is None and target is None:
+        return to_value(entry.kind, entry.dtype, chains.decode(manifest.step, entry), numpy)
+    return read_sharded(chains, manifest, entry, target, numpy)
+
+
+def state_of(tree: dict[str, Any], values: Sequence[Any], step: int) -> dict[str, Any]:
+    """The state a step's tree describes, its arrays filled in from ``values``."""
     state = unflatten(tree, values)
     if not isinstance(state, dict):
         raise CorruptCheckpointError(f"step {step}: the saved state is not a dict")
     return state
+
+
+def reading_error(exc: OSError, store: Store, step: int) -> CrashsafeError:
+    """An OSError while reading a step, as a crashsafe error (it is already one if it is)."""
+    if isinstance(exc, CrashsafeError):
+        return exc
+    return storage_error(exc, f"reading step {step} from {store.location}")
+
+
+def holding(stores: Sequence[Store], step: int) -> Store:
+    """The first store (local tier first) that holds ``step``; the first one if none does."""
+    return next((store for store in stores if step in store.steps()), stores[0])
 
 
 def array_ids(node: Any) -> set[int]:
@@ -100,6 +136,15 @@ def newest_intact(
 ) -> tuple[int, dict[str, Any]] | None:
     """(step, state) of the newest step that reads back intact from any of ``stores`` (tried in
     order for one step: a local copy before its mirror), or None if there is no step at all."""
+    return newest(stores, lambda store, step, last: read_state(store, step, numpy), stacklevel + 1)
+
+
+def newest(
+    stores: Sequence[Store], read: Callable[[Store, int, bool], _T], stacklevel: int = 2
+) -> tuple[int, _T] | None:
+    """(step, ``read(store, step, last)``) of the newest step ``read`` finds intact in any of
+    ``stores``, damaged ones skipped with a warning; ``last`` tells ``read`` that no other step is
+    left to fall back to if this one is damaged. None if there is no step at all."""
     damage: dict[tuple[int, int], str] = {}
     for _ in range(READ_ATTEMPTS):
         listed = listed_steps(stores, stacklevel + 1)
@@ -107,11 +152,12 @@ def newest_intact(
         if not candidates:
             return None
         vanished = False
-        for step, tier in candidates:
+        for n, (step, tier) in enumerate(candidates):
             if (step, tier) in damage:
                 continue
             try:
-                return step, read_state(stores[-tier], step, numpy)
+                last = all(other in damage for other in candidates[n + 1 :])
+                return step, read(stores[-tier], step, last)
             except (CorruptCheckpointError, StorageError) as exc:
                 damage[step, tier] = str(exc)
                 warnings.warn(

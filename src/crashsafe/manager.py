@@ -24,7 +24,6 @@ from crashsafe.chain import direct_bases, doomed_steps, protected_steps
 from crashsafe.distributed.collective import collective_for
 from crashsafe.distributed.group import DEFAULT_TIMEOUT
 from crashsafe.distributed.saving import save_step as save_collective
-from crashsafe.distributed.shards import Targets, live_targets
 from crashsafe.encoding import CodecSpec, SavePlanner
 from crashsafe.errors import (
     CheckpointExistsError,
@@ -36,14 +35,15 @@ from crashsafe.errors import (
     UnsupportedStateError,
 )
 from crashsafe.format.manifest import MAX_STEP, Manifest
-from crashsafe.loading import listed_steps, newest_intact, read_state
+from crashsafe.loading import holding, listed_steps, newest_intact, read_state
+from crashsafe.mapping import map_step
 from crashsafe.mirroring import Mirror
 from crashsafe.policies.base import EverySteps, SaveContext, SavePolicy
 from crashsafe.policies.keep import Mode, StepFacts
 from crashsafe.policies.retention import UNSET, KeepSpec, Unset, retention_policy
 from crashsafe.preemption import EXIT_STATUS, SigtermWatch
+from crashsafe.restoring import restore_into
 from crashsafe.saving import SaveStats, save_step
-from crashsafe.state.rebuild import apply_into, check_into
 from crashsafe.state.staging import StagingPool, view_bytes
 from crashsafe.state.tree import ArrayLeaf, flatten
 from crashsafe.step_facts import StepSpec, best_step, pick_step
@@ -473,18 +473,25 @@ class CheckpointManager:
                 if not steps:
                     raise NoCheckpointError(f"no committed checkpoint in {self.directory}")
                 step = steps[-1]
-            return read_manifest(_holding(stores, step), step)
+            return read_manifest(holding(stores, step), step)
 
     def load(
-        self, step: StepSpec = None, *, numpy: bool = False, metric: str | None = None, mode: Mode = "min"
+        self,
+        step: StepSpec = None,
+        *,
+        numpy: bool = False,
+        metric: str | None = None,
+        mode: Mode = "min",
+        mmap: bool = False,
     ) -> dict[str, Any]:
         """The state as saved: tensors, arrays and python values, checksums verified.
 
         With ``step=None`` the newest intact step is read; damaged newer steps are skipped with a
         :class:`CorruptCheckpointWarning`. An explicit damaged ``step`` raises; so does ``step="best"``
-        (the :meth:`best_step` by ``metric`` and ``mode``).
+        (the :meth:`best_step` by ``metric`` and ``mode``). ``mmap=True`` (a local directory) gives raw
+        payloads as read-only numpy views of the mapped files, never copied (crashsafe/mapping.py).
         """
-        loaded = self._load(pick_step(step, metric, mode, self.best_step), numpy)
+        loaded = self._load(pick_step(step, metric, mode, self.best_step), numpy, mmap)
         if loaded is None:
             raise NoCheckpointError(f"no committed checkpoint in {self.directory}; nothing to load")
         return loaded[1]
@@ -499,39 +506,39 @@ class CheckpointManager:
     ) -> int | None:
         """Load a checkpoint (``step`` as for :meth:`load`) into ``state``; return its step, or None if none.
 
-        Modules, optimizers and schedulers get ``load_state_dict``; tensors and arrays are copied
-        into; python values in dicts and lists are replaced. Mismatches are refused before anything
-        changes, except what only an object's own ``load_state_dict`` can judge: if one raises,
-        restore stops there (``docs/state.md`` says exactly what is checked first).
+        Modules, optimizers and schedulers get ``load_state_dict``; tensors and arrays are read straight
+        into (a damaged step found then: see crashsafe/restoring.py); python values in dicts and lists
+        are replaced. Mismatches are refused before anything changes, except what only an object's own
+        ``load_state_dict`` can judge: if one raises, restore stops there (``docs/state.md``).
         """
         if not isinstance(state, MutableMapping):
             raise UnsupportedStateError(
                 f"restore needs the dict of live objects, got a {type(state).__name__}"
             )
-        targets = None
-        if self._collective is not None:  # live DTensors: each rank reads the box it holds now
-            targets = live_targets(state, flatten(state)[1])
-        loaded = self._load(pick_step(step, metric, mode, self.best_step), numpy=False, targets=targets)
-        if loaded is None:
-            return None
-        found, saved = loaded
-        check_into(state, saved)  # a mismatch raises before anything live is changed
-        apply_into(state, saved)
-        return found
+        picked = pick_step(step, metric, mode, self.best_step)
+        return self._read(lambda stores: restore_into(stores, state, picked, self._collective, stacklevel=5))
 
-    def _load(
-        self, step: int | None, numpy: bool, targets: Targets | None = None
-    ) -> tuple[int, dict[str, Any]] | None:
+    def _load(self, step: int | None, numpy: bool, mmap: bool = False) -> tuple[int, dict[str, Any]] | None:
         """The step asked for, or the newest intact one (None if there is no step at all)."""
+
+        def load(stores: list[Store]) -> tuple[int, dict[str, Any]] | None:
+            if self._collective is not None:
+                return self._collective.load(stores[0], step, numpy, None)
+            if mmap:
+                return map_step(stores, step, stacklevel=6)
+            if step is not None:
+                return step, read_state(holding(stores, step), step, numpy)
+            return newest_intact(stores, numpy, stacklevel=6)
+
+        return self._read(load)
+
+    def _read(self, read: Callable[[list[Store]], _T]) -> _T:
+        """``read(stores)`` once the pending save is committed; damage found resets the planner."""
         if not self.read_only and not self._closed:
             self._wait_pending()
         with self._reading() as stores:
             try:
-                if self._collective is not None:
-                    return self._collective.load(stores[0], step, numpy, targets)
-                if step is not None:
-                    return step, read_state(_holding(stores, step), step, numpy)
-                return newest_intact(stores, numpy, stacklevel=4)
+                return read(stores)
             except CorruptCheckpointError:
                 self._planner.reset()  # never append deltas to a chain that may hold damage
                 raise
@@ -583,8 +590,3 @@ class CheckpointManager:
 
     def __repr__(self) -> str:
         return f"CheckpointManager({str(self.directory)!r}, steps={self.steps()})"
-
-
-def _holding(stores: list[Store], step: int) -> Store:
-    """The first store (local tier first) that holds ``step``; the first one if none does."""
-    return next((store for store in stores if step in store.steps()), stores[0])

@@ -29,6 +29,8 @@ LAYERS: list[tuple[str, ...]] = [
         "crashsafe.mirroring",
         "crashsafe.distributed",
         "crashsafe.saving",
+        "crashsafe.restoring",
+        "crashsafe.mapping",
     ),
     ("crashsafe.shelf",),
     ("crashsafe.manager",),

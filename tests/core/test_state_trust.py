@@ -408,15 +408,16 @@ def test_a_refusing_load_state_dict_names_its_path_and_where_restore_stopped(tmp
             raise ValueError("picky says no")
 
     with cs.CheckpointManager(tmp_path) as mgr:
-        mgr.save(1, {"step": 1, "obj": Picky(), "w": torch.ones(3)})
-        live = {"step": 0, "obj": Picky(), "w": torch.zeros(3)}
+        mgr.save(1, {"step": 1, "obj": Picky(), "w": torch.ones(3), "n": 5})
+        live = {"step": 0, "obj": Picky(), "w": torch.zeros(3), "n": 0}
         with pytest.raises(cs.UnsupportedStateError) as caught:
             mgr.restore(live)
     message = str(caught.value)
     assert message.startswith("state at 'obj': Picky.load_state_dict refused the checkpoint: picky says no")
     assert "Restore stopped there" in message
     assert live["step"] == 1  # before it in the state: restored
-    assert torch.equal(live["w"], torch.zeros(3))  # after it: unchanged
+    assert torch.equal(live["w"], torch.ones(3))  # a plain tensor: read straight into place first
+    assert live["n"] == 0  # any other value after it: unchanged
 
 
 def _two_layers(last: int = 2, bias: bool = True) -> torch.nn.Module:

@@ -85,6 +85,19 @@ class FramedDeltaCodec(DeltaCodec, Generic[FormatT]):
     def decode_delta(
         self, data: BytesLike, dtype: np.dtype[Any], shape: tuple[int, ...], reference: Reference | None
     ) -> Reference:
+        return self._decode_frame(data, dtype, shape, reference, None)
+
+    def decode_into(self, data: BytesLike, out: np.ndarray[Any, Any]) -> None:
+        self._decode_frame(data, out.dtype, out.shape, None, out)  # a full payload, unpacked in place
+
+    def _decode_frame(
+        self,
+        data: BytesLike,
+        dtype: np.dtype[Any],
+        shape: tuple[int, ...],
+        reference: Reference | None,
+        into: np.ndarray[Any, Any] | None,
+    ) -> Reference:
         what = self.codec_id
         fmt = self._format(dtype)
         src = FrameReader(data, self.magic, what)
@@ -95,7 +108,7 @@ class FramedDeltaCodec(DeltaCodec, Generic[FormatT]):
         if kind == FULL:
             if reference is not None:
                 raise CodecError(f"{what} payload is a full checkpoint but the manifest names a base step")
-            out = empty_output(dtype, shape, what)
+            out = empty_output(dtype, shape, what) if into is None else into
             unpack(src.blob(), out, xor=False, what=what)
             src.done()
             return Reference(out)

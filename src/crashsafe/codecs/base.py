@@ -46,6 +46,12 @@ class Codec(ABC):
     def decode(self, data: BytesLike, dtype: np.dtype[Any], shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
         """Decode bytes back into a writable array of ``dtype`` and ``shape``."""
 
+    def decode_into(self, data: BytesLike, out: np.ndarray[Any, Any]) -> None:
+        """Decode bytes into ``out`` (C-contiguous, the declared dtype and shape), e.g. the memory of
+        the live tensor a restore fills. This default decodes, then copies; codecs that can write
+        their output in place override it (restore then holds no second copy)."""
+        np.copyto(out, self.decode(data, out.dtype, out.shape), casting="no")
+
     def stored_nbytes(self, raw_nbytes: int) -> int | None:
         """The exact encoded size for ``raw_nbytes`` of input, if the codec fixes it (else None).
 

@@ -39,3 +39,9 @@ class Raw(Codec):
         out = empty_output(dtype, shape, "raw")
         out[...] = view
         return out
+
+    def decode_into(self, data: BytesLike, out: np.ndarray[Any, Any]) -> None:
+        raw = np.frombuffer(data, dtype=np.uint8)
+        if raw.size != out.nbytes:
+            raise CodecError(f"raw payload has {raw.size} bytes, expected {out.nbytes}")
+        out.reshape(-1).view(np.uint8)[...] = raw

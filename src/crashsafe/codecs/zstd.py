@@ -42,7 +42,10 @@ class Zstd(Codec):
 
     def decode(self, data: BytesLike, dtype: np.dtype[Any], shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
         out = empty_output(dtype, shape, "zstd")
+        self.decode_into(data, out)
+        return out
+
+    def decode_into(self, data: BytesLike, out: np.ndarray[Any, Any]) -> None:
         flat = out.reshape(-1)
         planes = flat if self.shuffle else flat.view(np.uint8)  # one byte plane: the bytes in order
         unpack(data, planes, xor=False, what="zstd", group=max(planes.size, 1))
-        return out

@@ -263,6 +263,8 @@ def _check_array(target: Any, saved: Any, where: str) -> None:
 
 def _copy_array(target: Any, saved: Any, where: str) -> Any:
     """Copy ``saved`` (already checked: same shape and element type) into ``target``."""
+    if saved is target:  # restore read it straight into place
+        return target
     try:
         if is_tensor(target):
             import torch
@@ -304,9 +306,9 @@ def _stopped(where: str, what: str) -> UnsupportedStateError:
     """A failure in the middle of restore: say what failed and what state the live objects are in."""
     return UnsupportedStateError(
         f"state at '{where}': {what.rstrip('. ')}. Restore stopped there: the values before it in the "
-        "state (and whatever this one took before failing) hold the checkpoint's values, the ones "
-        "after it are unchanged. Restore into objects built with the saved configuration, or load() "
-        "the checkpoint to inspect it"
+        "state (and whatever this one took before failing) hold the checkpoint's values, and so do the "
+        "tensors and arrays restore read straight into place; the other values after it are unchanged. "
+        "Restore into objects built with the saved configuration, or load() the checkpoint to inspect it"
     )
 
 

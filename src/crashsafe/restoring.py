@@ -1,0 +1,169 @@
+"""Restore into live objects, each payload read (or decoded) straight into its live tensor's memory.
+
+A step is restored in three phases:
+
+1. Everything that can be checked without writing into the live state is checked first: the
+   manifest, the data files' sizes, that the saved state fits the live one (``check_into``); the
+   payloads that cannot go into live memory (:mod:`crashsafe.state.inplace`) are read and verified
+   into fresh memory.
+2. Every other payload is read straight into its live tensor or array (raw), or decoded into it
+   (zstd, delta chains, LC ...), verified chunk by chunk as it is read, several payloads at once.
+3. Modules, optimizers and containers take their values (``apply_into``), which are already there.
+
+Safety: a payload found damaged in phase 2 has already changed live memory. Restore then falls
+back to the next older step and restores it completely, so every tensor is written again and the
+live state ends wholly in the older step, never half old and half damaged. A step with no step left
+behind it to fall back to (the oldest one, or the step that ``step=`` names) is verified completely
+before its first byte goes into live memory, so its damage leaves the live state unchanged. One
+case remains: the newest step is damaged after it changed the live state, and every older one is
+damaged too; then nothing intact is left, and the error says the live state was changed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, MutableMapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
+from typing import Any
+
+from crashsafe.chain import ChainReader
+from crashsafe.distributed.collective import Collective
+from crashsafe.distributed.shards import live_targets
+from crashsafe.errors import CrashsafeError
+from crashsafe.format.manifest import PayloadEntry
+from crashsafe.loading import array_ids, holding, newest, read_value, reading_error, state_of
+from crashsafe.state.inplace import Destination, live_destinations
+from crashsafe.state.rebuild import apply_into, check_into
+from crashsafe.state.tree import flatten
+from crashsafe.storage.base import Store
+
+__all__ = ["restore_into"]
+
+MAX_THREADS = 4  # payloads read or decoded at once
+BYTES_PER_LANE = 1 << 30  # a second copying thread paid off for 2 GiB here, not for 64 or 512 MiB
+
+
+_Work = Callable[[PayloadEntry, Destination], object]  # one payload: read into place, or check
+
+
+class _Changes:
+    """Whether an attempt already wrote into the live state."""
+
+    def __init__(self) -> None:
+        self.made = False
+
+
+def restore_into(
+    stores: Sequence[Store],
+    state: MutableMapping[str, Any],
+    step: int | None,
+    collective: Collective | None = None,
+    stacklevel: int = 2,
+) -> int | None:
+    """Restore ``step`` (None: the newest intact one, falling back past damaged ones) into the live
+    ``state`` in place; return its step, or None if there is no step at all. A distributed manager's
+    ranks (``collective``) read their parts whole, each the boxes of its live DTensors, and then
+    copy them in, all falling back together."""
+    if collective is not None:
+        loaded = collective.load(stores[0], step, False, live_targets(state, flatten(state)[1]))
+        if loaded is None:
+            return None
+        check_into(state, loaded[1])  # a mismatch raises before anything live is changed
+        apply_into(state, loaded[1])
+        return loaded[0]
+    if step is not None:
+        restore_step(holding(stores, step), step, state, verify_first=True, changes=_Changes())
+        return step
+    changes = _Changes()
+
+    def attempt(store: Store, candidate: int, last: bool) -> None:
+        restore_step(store, candidate, state, verify_first=last and not changes.made, changes=changes)
+
+    try:
+        found = newest(stores, attempt, stacklevel + 1)
+    except CrashsafeError as exc:
+        if changes.made:
+            exc.args = (
+                f"{exc} The live state was partly overwritten by a damaged step before its damage was "
+                "found, and no intact step was left to restore completely: rebuild the live objects "
+                "(model, optimizer) before you train from scratch.",
+            )
+        raise
+    return None if found is None else found[0]
+
+
+def restore_step(
+    store: Store, step: int, state: MutableMapping[str, Any], *, verify_first: bool, changes: _Changes
+) -> None:
+    """Restore one step into ``state`` in place (the three phases of the module doc)."""
+    try:
+        with ChainReader(store) as chains:
+            manifest = chains.manifest(step)
+            tree = manifest.tree_of(0)
+            into = live_destinations(state, tree, manifest.payloads)
+            values: list[Any] = [None] * len(manifest.payloads)
+            for i in sorted(array_ids(tree)):
+                found = into.get(i)
+                values[i] = (
+                    found.value if found else read_value(chains, manifest, manifest.payloads[i], False)
+                )
+            saved = state_of(tree, values, step)
+            check_into(state, saved)  # a mismatch raises before anything live is changed
+            jobs = [(manifest.payloads[i], d) for i, d in into.items()]
+            if verify_first:
+                _each(jobs, lambda entry, _: chains.check(step, entry))
+            changes.made = changes.made or bool(jobs)
+            _each(jobs, lambda entry, d: chains.decode(step, entry, out=d.out))
+    except OSError as exc:
+        raise reading_error(exc, store, step) from None
+    apply_into(state, saved)
+
+
+def _each(jobs: list[tuple[PayloadEntry, Destination]], work: _Work) -> None:
+    """``work`` on every job. Raw payloads go in lanes of about equal bytes, each in file order (a
+    lane per BYTES_PER_LANE, up to a lane per core: a small state is read faster by one thread),
+    payloads to decode are spread over the
+    cores beside them, the largest first; payloads of delta chains go last, one at a time (a chain
+    opens readers of other steps). Returns once no job runs any more, so nothing writes into live
+    memory after a failure is raised."""
+    cores = min(MAX_THREADS, os.cpu_count() or 1)
+    raw = [j for j in jobs if _is_raw(j[0])]
+    lanes = _lanes(raw, max(1, min(cores, sum(entry.nbytes for entry, _ in raw) // BYTES_PER_LANE)))
+    decode = sorted((j for j in jobs if not _is_raw(j[0]) and j[0].base is None), key=lambda j: -j[0].nbytes)
+    lanes += [[job] for job in decode]
+    threads = min(cores, len(lanes))
+    if threads <= 1:  # here: no thread to start
+        _run([job for lane in lanes for job in lane], work)
+    else:
+        with ThreadPoolExecutor(threads, thread_name_prefix="crashsafe-read") as pool:
+            futures = [pool.submit(_run, lane, work) for lane in lanes]
+            try:
+                for future in futures:
+                    future.result()
+            finally:
+                for future in futures:
+                    future.cancel()
+                wait(futures)
+    _run([j for j in jobs if not _is_raw(j[0]) and j[0].base is not None], work)
+
+
+def _lanes(
+    raw: list[tuple[PayloadEntry, Destination]], count: int
+) -> list[list[tuple[PayloadEntry, Destination]]]:
+    """Raw payloads dealt into ``count`` lanes of about equal bytes, each read in file order."""
+    lanes: list[list[tuple[PayloadEntry, Destination]]] = [[] for _ in range(count)]
+    loads = [0] * count
+    for job in sorted(raw, key=lambda j: -j[0].nbytes):
+        lightest = loads.index(min(loads))
+        lanes[lightest].append(job)
+        loads[lightest] += job[0].nbytes
+    return [sorted(lane, key=lambda j: (j[0].file, j[0].offset)) for lane in lanes if lane]
+
+
+def _run(lane: list[tuple[PayloadEntry, Destination]], work: _Work) -> None:
+    for entry, destination in lane:
+        work(entry, destination)
+
+
+def _is_raw(entry: PayloadEntry) -> bool:
+    return entry.codec == {"id": "raw"} and entry.nbytes == entry.raw_nbytes

@@ -1,0 +1,158 @@
+"""Where restore can put a payload straight into the live state: the memory of its tensors and arrays.
+
+A payload is read (or decoded) into a live tensor or array only where nothing between the
+checkpoint and that memory could change what ends up there, so the result is exactly what
+``apply_into`` would have copied: a plain CPU tensor or numpy array at the same place in the state,
+of the saved element type and shape, C-contiguous, writable, overlapping no other destination;
+inside a module only if every loader of its submodules is torch's own (no hooks, no overrides but
+the normalisation layers' key upgrades) and inside an optimizer only if it has no load hooks. Every
+other payload is read into fresh memory and copied in, as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from crashsafe._torch import is_tensor, loaded_torch
+from crashsafe.format.dtypes import storage_dtype, torch_dtype_name
+from crashsafe.format.manifest import PayloadEntry
+from crashsafe.state.tree import is_stateful
+
+__all__ = ["Destination", "live_destinations"]
+
+_MODULE_METHODS = (
+    "_load_from_state_dict",
+    "state_dict",
+    "load_state_dict",
+    "set_extra_state",
+    "get_extra_state",
+)
+_MODULE_HOOKS = ("_load_state_dict_pre_hooks", "_load_state_dict_post_hooks", "_state_dict_hooks",
+                 "_state_dict_pre_hooks")  # fmt: skip
+_OPTIMIZER_HOOKS = ("_optimizer_load_state_dict_pre_hooks", "_optimizer_load_state_dict_post_hooks",
+                    "_optimizer_state_dict_pre_hooks", "_optimizer_state_dict_post_hooks")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Destination:
+    """A live tensor or array a payload goes into: ``value`` stands for the saved value in the state
+    restore rebuilds (it *is* the live object), ``out`` is its memory in the payload's storage dtype."""
+
+    value: Any
+    out: np.ndarray[Any, Any]
+
+
+def live_destinations(
+    state: Any, tree: dict[str, Any], payloads: Sequence[PayloadEntry]
+) -> dict[int, Destination]:
+    """payload id -> the live tensor or array that payload can be read straight into, for the array
+    nodes of a validated ``tree`` whose place in the live ``state`` holds one (see the module doc)."""
+    found: dict[int, Destination] = {}
+    _walk(state, tree, payloads, found)
+    return _without_overlaps(found)
+
+
+def _walk(
+    live: Any, node: dict[str, Any], payloads: Sequence[PayloadEntry], found: dict[int, Destination]
+) -> None:
+    t = node["t"]
+    if t == "array":
+        out = _memory_of(live, payloads[node["id"]])
+        if out is not None:
+            found[node["id"]] = Destination(live, out)
+    elif t == "dict" and isinstance(live, Mapping) and not _is_object(live):
+        for key, child in zip(node["keys"], node["vals"], strict=True):
+            if key in live:
+                _walk(live[key], child, payloads, found)
+    elif t in ("list", "tuple") and isinstance(live, (list, tuple)) and len(live) == len(node["items"]):
+        for item, child in zip(live, node["items"], strict=True):
+            _walk(item, child, payloads, found)
+    elif t == "stateful" and _is_object(live) and _plain_loader(live):
+        try:
+            inner = live.state_dict()
+        except Exception:
+            return  # restore reports it, as before
+        _walk(inner, node["value"], payloads, found)
+
+
+def _is_object(value: Any) -> bool:
+    return is_stateful(value) and not isinstance(value, (dict, list))
+
+
+def _memory_of(live: Any, entry: PayloadEntry) -> np.ndarray[Any, Any] | None:
+    """The live tensor's or array's memory as an array of the payload's storage dtype and shape, or
+    None if the payload cannot go straight into it."""
+    dtype = storage_dtype(entry.dtype)
+    if entry.shard is not None or entry.raw_nbytes == 0:
+        return None
+    if is_tensor(live):
+        torch = loaded_torch()
+        assert torch is not None
+        if type(live) not in (torch.Tensor, torch.nn.Parameter) or entry.kind != "torch":
+            return None  # a subclass (uninitialized, distributed, quantized ...) loads its own way
+        if (
+            live.device.type != "cpu"
+            or live.layout != torch.strided
+            or not live.is_contiguous()
+            or live.is_inference()
+            or live.is_conj()
+            or live.is_neg()
+            or torch_dtype_name(live.dtype) != entry.dtype
+            or tuple(live.shape) != entry.shape
+        ):
+            return None
+        raw: np.ndarray[Any, Any] = live.detach().reshape(-1).view(torch.uint8).numpy()
+        return raw.view(dtype).reshape(entry.shape)
+    if type(live) is np.ndarray and entry.kind == "numpy":
+        fits = live.dtype == dtype and live.shape == entry.shape
+        if fits and live.flags.c_contiguous and live.flags.writeable:
+            return live
+    return None
+
+
+def _without_overlaps(found: dict[int, Destination]) -> dict[int, Destination]:
+    """Drop destinations whose memory overlaps another's (two places of the state sharing memory
+    that the checkpoint holds apart): those are copied in order, as before."""
+    spans = sorted((d.out.ctypes.data, d.out.ctypes.data + d.out.nbytes, i) for i, d in found.items())
+    clash: set[int] = set()
+    reach, widest = -1, -1  # the furthest end so far, and whose
+    for start, end, i in spans:
+        if start < reach:  # overlaps the widest span before it (and any other it meets was marked)
+            clash |= {i, widest}
+        if end > reach:
+            reach, widest = end, i
+    return {i: d for i, d in found.items() if i not in clash}
+
+
+def _plain_loader(obj: Any) -> bool:
+    """Whether ``obj`` is a module or optimizer that loads its state with torch's own code, so
+    values already in its tensors' memory are loaded exactly as if they came from fresh memory."""
+    torch = loaded_torch()
+    if torch is None:
+        return False
+    if isinstance(obj, torch.nn.Module):
+        norm = torch.nn.modules.batchnorm._NormBase  # overrides only to upgrade old keys
+        base = torch.nn.Module
+        for _, module in obj.named_modules(remove_duplicate=False):
+            cls = type(module)
+            own = [m for m in _MODULE_METHODS if getattr(cls, m) is not getattr(base, m)]
+            if own and not (
+                own == ["_load_from_state_dict"] and cls._load_from_state_dict is norm._load_from_state_dict
+            ):
+                return False
+            if any(getattr(module, hooks, None) for hooks in _MODULE_HOOKS):
+                return False
+        return True
+    if isinstance(obj, torch.optim.Optimizer):
+        cls, base_optimizer = type(obj), torch.optim.Optimizer
+        if (
+            cls.load_state_dict is not base_optimizer.load_state_dict
+            or cls.state_dict is not base_optimizer.state_dict
+        ):
+            return False
+        return not any(getattr(obj, hooks, None) for hooks in _OPTIMIZER_HOOKS)
+    return False

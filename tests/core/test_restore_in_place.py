@@ -1,0 +1,236 @@
+"""restore() reads payloads straight into the live tensors; a damaged payload found while it does so
+never leaves the live state half old and half damaged (crashsafe/restoring.py).
+
+The damage is real: one byte of a data file flipped, for every codec. The payload damaged is the
+one restore reads last, and the tests check that other payloads were written into live memory
+before the damage was found, so an implementation that does not restore the older step completely
+would fail them.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import crashsafe as cs
+from crashsafe.chain import ChainReader
+from crashsafe.codecs import LC, Incremental
+
+CODECS: dict[str, Any] = {"raw": "raw", "zstd": "zstd", "incremental": Incremental(), "lc": LC()}
+
+
+def _state(seed: int) -> dict[str, Any]:
+    """A model, its optimizer after one step, a numpy array and (last) a small tensor."""
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.BatchNorm1d(32), torch.nn.Linear(32, 4))
+    optim = torch.optim.Adam(model.parameters(), lr=0.1)
+    model(torch.randn(8, 16)).sum().backward()
+    optim.step()
+    rng = np.random.default_rng(seed)
+    return {"model": model, "optim": optim, "table": rng.standard_normal(50), "last": torch.randn(3)}
+
+
+def _arrays(state: dict[str, Any]) -> dict[str, np.ndarray[Any, Any]]:
+    """Every array of a state by path, copied (to compare states)."""
+    out = {f"model.{k}": v.detach().numpy().copy() for k, v in state["model"].state_dict().items()}
+    for i, slots in state["optim"].state_dict()["state"].items():
+        out |= {f"optim.state.{i}.{k}": v.detach().numpy().copy() for k, v in slots.items()}
+    return out | {"table": state["table"].copy(), "last": state["last"].numpy().copy()}
+
+
+def _saved(directory: Path, steps: int, codec: Any) -> list[dict[str, np.ndarray[Any, Any]]]:
+    """Save ``steps`` states of different values; return what each step loads back as."""
+    with cs.CheckpointManager(directory, codec=codec, keep_last=None, async_save=False) as mgr:
+        for step in range(1, steps + 1):
+            mgr.save(step, _state(step))
+        loaded = []
+        for step in range(1, steps + 1):
+            live = _state(100)
+            mgr.restore(live, step=step)
+            loaded.append(_arrays(live))
+    return loaded
+
+
+def _flip(directory: Path, step: int, path: str) -> None:
+    """Flip one byte in the middle of the stored payload ``path`` of ``step``."""
+    step_dir = directory / f"step_{step:012d}"
+    manifest = json.loads((step_dir / "manifest.json").read_text())
+    entry = next(p for p in manifest["payloads"] if p["path"] == path)
+    with open(step_dir / entry["file"], "r+b") as f:
+        f.seek(entry["offset"] + entry["nbytes"] // 2)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0x5A]))
+
+
+def _same(a: dict[str, np.ndarray[Any, Any]], b: dict[str, np.ndarray[Any, Any]]) -> list[str]:
+    """Paths whose arrays differ between two states (bit for bit)."""
+    assert a.keys() == b.keys()
+    return [k for k in a if a[k].tobytes() != b[k].tobytes()]
+
+
+@pytest.fixture
+def writes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The payloads restore decodes straight into live memory, in the order it starts them."""
+    seen: list[str] = []
+    decode = ChainReader.decode
+
+    def recording(self: ChainReader, step: int, entry: Any, **kwargs: Any) -> Any:
+        if kwargs.get("out") is not None:
+            seen.append(f"{step}:{entry.path}")
+        return decode(self, step, entry, **kwargs)
+
+    monkeypatch.setattr(ChainReader, "decode", recording)
+    return seen
+
+
+@pytest.mark.parametrize("name", list(CODECS))
+def test_damage_found_in_place_restores_the_older_step_completely(
+    tmp_path: Path, name: str, writes: list[str]
+) -> None:
+    saved = _saved(tmp_path, 3, CODECS[name])
+    _flip(tmp_path, 3, "last")
+    live = _state(100)
+    params = [p.data_ptr() for p in live["model"].parameters()]
+    writes.clear()
+    with cs.CheckpointManager(tmp_path, read_only=True) as mgr, pytest.warns(cs.CorruptCheckpointWarning):
+        assert mgr.restore(live) == 2
+    earlier = writes[: writes.index("3:last")]
+    assert len(earlier) > 5, writes  # step 3 had changed live memory before its damage was found
+    assert _same(_arrays(live), saved[1]) == []  # and every array holds step 2, none step 3
+    assert [p.data_ptr() for p in live["model"].parameters()] == params  # in place, not replaced
+
+
+@pytest.mark.parametrize("name", list(CODECS))
+def test_a_damaged_step_with_nothing_to_fall_back_to_leaves_the_live_state_unchanged(
+    tmp_path: Path, name: str
+) -> None:
+    _saved(tmp_path, 2, CODECS[name])
+    _flip(tmp_path, 2, "last")
+    live = _state(100)
+    before = _arrays(live)
+    with cs.CheckpointManager(tmp_path, read_only=True) as mgr, pytest.raises(cs.CorruptCheckpointError):
+        mgr.restore(live, step=2)  # named: no fallback, so verified before anything is written
+    assert _same(_arrays(live), before) == []
+
+
+def test_the_only_step_damaged_leaves_the_live_state_unchanged(tmp_path: Path) -> None:
+    _saved(tmp_path, 1, "raw")
+    _flip(tmp_path, 1, "last")
+    live = _state(100)
+    before = _arrays(live)
+    with (
+        cs.CheckpointManager(tmp_path, read_only=True) as mgr,
+        warnings.catch_warnings(),
+        pytest.raises(cs.CorruptCheckpointError) as caught,
+    ):
+        warnings.simplefilter("ignore", cs.CorruptCheckpointWarning)
+        mgr.restore(live)
+    assert "partly overwritten" not in str(caught.value)
+    assert _same(_arrays(live), before) == []
+
+
+def test_when_every_step_is_damaged_after_writing_the_error_says_the_live_state_changed(
+    tmp_path: Path,
+) -> None:
+    _saved(tmp_path, 2, "raw")
+    _flip(tmp_path, 2, "last")
+    _flip(tmp_path, 1, "last")
+    live = _state(100)
+    with (
+        cs.CheckpointManager(tmp_path, read_only=True) as mgr,
+        warnings.catch_warnings(),
+        pytest.raises(cs.CorruptCheckpointError) as caught,
+    ):
+        warnings.simplefilter("ignore", cs.CorruptCheckpointWarning)
+        mgr.restore(live)
+    assert "every checkpoint" in str(caught.value)
+    assert "partly overwritten" in str(caught.value) and "rebuild the live objects" in str(caught.value)
+
+
+def test_restore_reads_into_the_live_tensors_memory(tmp_path: Path, writes: list[str]) -> None:
+    """Plain tensors, parameters, buffers, optimizer moments and numpy arrays are read into place;
+    what cannot be (another dtype's live value, a subclass) is copied in as before."""
+    saved = _saved(tmp_path, 1, "raw")
+    live = _state(100)
+    live["table"] = live["table"].astype(">f8")  # big-endian: the bytes cannot go straight in
+    with cs.CheckpointManager(tmp_path, read_only=True) as mgr:
+        writes.clear()
+        mgr.restore(live)
+    assert {w.split(":", 1)[1] for w in writes} == set(saved[0]) - {"table"}
+    assert _same(_arrays(live), saved[0]) == ["table"]  # its bytes are big-endian now
+    assert np.array_equal(live["table"], saved[0]["table"]) and live["table"].dtype == ">f8"
+
+
+def test_restore_from_the_disk_reads_ahead_and_is_exact(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every mapped range looks slow (as from a cold cache), so read-ahead is asked at once, also
+    after the last chunk of a payload."""
+    import crashsafe.storage.mapped
+    import crashsafe.storage.reader
+
+    asked: list[tuple[int, int]] = []
+    prefetch = crashsafe.storage.mapped.MappedFile.prefetch
+
+    def counted(self: Any, offset: int, nbytes: int) -> None:
+        asked.append((offset, nbytes))
+        prefetch(self, offset, nbytes)
+
+    monkeypatch.setattr(crashsafe.storage.reader, "_CACHED_BYTES_PER_SECOND", float("inf"))
+    monkeypatch.setattr(crashsafe.storage.mapped.MappedFile, "prefetch", counted)
+    saved = _saved(tmp_path, 2, "raw")
+    live = _state(100)
+    with cs.CheckpointManager(tmp_path, read_only=True) as mgr:
+        assert mgr.restore(live) == 2
+    assert asked and any(nbytes == 0 for _, nbytes in asked)  # one-chunk payloads ask after their end
+    assert _same(_arrays(live), saved[1]) == []
+
+
+def test_read_ahead_after_the_end_of_a_mapped_file_is_no_error(tmp_path: Path) -> None:
+    import mmap
+
+    from crashsafe.storage.mapped import MappedFile
+
+    path = tmp_path / "data"
+    path.write_bytes(bytes(2 * mmap.PAGESIZE))
+    with open(path, "rb") as f:
+        mapped = MappedFile(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), "data")
+    mapped.prefetch(2 * mmap.PAGESIZE, 0)  # a payload that ends the file, page-aligned
+    mapped.prefetch(mmap.PAGESIZE, 5 * mmap.PAGESIZE)  # a hint past the end is ignored
+    assert mapped.view(mmap.PAGESIZE, mmap.PAGESIZE).sum() == 0
+
+
+def test_load_mmap_gives_read_only_views_of_the_files(tmp_path: Path) -> None:
+    with cs.CheckpointManager(tmp_path, codec={"model.*": "zstd", "*": "raw"}) as mgr:
+        mgr.save(1, _state(1))
+        mgr.save(2, _state(2))
+    with cs.CheckpointManager(tmp_path, read_only=True) as mgr:
+        mapped, copied = mgr.load(mmap=True), mgr.load(numpy=True)
+        table = mapped["table"]
+        assert not table.flags.writeable and not table.flags.owndata  # a view of the mapped file
+        assert isinstance(table.base, memoryview) or table.base is not None
+        with pytest.raises(ValueError, match="read-only"):
+            table[0] = 1.0
+        assert np.array_equal(table, copied["table"])
+        weight = mapped["model"]["0.weight"]  # zstd: decoded, as load() does
+        assert weight.flags.writeable and np.array_equal(weight, copied["model"]["0.weight"])
+        _flip(tmp_path, 2, "table")
+        with pytest.raises(cs.CorruptCheckpointError, match="checksum"):
+            mgr.load(2, mmap=True)
+        with pytest.warns(cs.CorruptCheckpointWarning):
+            assert np.array_equal(mgr.load(mmap=True)["last"], _arrays(_state(1))["last"])
+
+
+def test_load_mmap_of_an_object_store_says_what_to_do(tmp_path: Path) -> None:
+    with cs.CheckpointManager(f"file://{tmp_path}") as mgr:
+        mgr.save(1, {"w": np.ones(3)})
+        with pytest.raises(cs.CrashsafeError, match="local checkpoint directory.*without mmap=True"):
+            mgr.load(mmap=True)
+        assert np.array_equal(mgr.load()["w"], np.ones(3))
