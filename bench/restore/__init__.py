@@ -12,18 +12,23 @@ methods interleaved (rotated order each repeat), best repeat:
 - zstd decompression only (the stored frames already in memory, one per core): the ceiling of a
   zstd restore.
 
-    python -m bench restore [--quick] [--repeat N] [--sizes 64,512,2048] [--no-cold]
+The demo job's recovery, phase by phase from process start to its first training step, closes
+the results (:mod:`bench.restore.recovery`).
+
+    python -m bench restore [--quick] [--repeat N] [--sizes 64,512,2048] [--no-cold] [--runs N]
+                            [--recovery-only]
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import shutil
 import time
 
 import torch
 
-from bench.restore import report
+from bench.restore import recovery, report
 from bench.restore.methods import METHODS, RESULTS, WORK, Files, MiB, interleaved, make_model
 
 
@@ -33,6 +38,8 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--repeat", type=int, default=None)
     parser.add_argument("--sizes", default="64,512,2048", help="state sizes in MiB")
     parser.add_argument("--no-cold", action="store_true", help="warm page cache only")
+    parser.add_argument("--runs", type=int, default=5, help="fresh processes timing the demo job's recovery")
+    parser.add_argument("--recovery-only", action="store_true", help="only the demo job's recovery breakdown")
     args = parser.parse_args(argv)
     sizes = [64] if args.quick else [int(s) for s in args.sizes.split(",")]
     repeat = args.repeat or (1 if args.quick else 5)
@@ -41,7 +48,7 @@ def main(argv: list[str]) -> None:
     loads = [report.load_average()]
     results: dict[int, dict[str, dict[str, float]]] = {}
     names = list(METHODS)
-    for size in sizes:
+    for size in [] if args.recovery_only else sizes:
         print(f"-- state {size} MiB", flush=True)
         model = make_model(size * MiB, seed=1)
         reference = make_model(size * MiB, seed=1)
@@ -53,11 +60,18 @@ def main(argv: list[str]) -> None:
         loads.append(report.load_average())
         del model, reference, files
         gc.collect()
+    shutil.rmtree(WORK, ignore_errors=True)
     command = "make bench BENCH=restore" + (" (--quick)" if args.quick else "")
-    text = report.markdown(results, command, time.perf_counter() - began, repeat, loads)
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    if not args.recovery_only:  # written first: the recovery part cannot lose them
+        text = report.markdown(results, command, time.perf_counter() - began, repeat, loads)
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        (RESULTS / "restore.md").write_text(text)
+    print("-- the demo job's recovery", flush=True)
+    phases = recovery.run(args.runs)
+    part = "\n".join(recovery.markdown(phases, args.runs))
+    if args.recovery_only:  # a look, not a result: restore.md keeps the whole run's results
+        print(part)
+        return
+    text += "\n" + part
     (RESULTS / "restore.md").write_text(text)
     print(text)
-    import shutil
-
-    shutil.rmtree(WORK, ignore_errors=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import json
+import mmap
 import os
 import shutil
 import time
@@ -64,7 +65,8 @@ class Files:
         state = {"model": model}
         for directory, codec in ((self.raw, "raw"), (self.zstd, "zstd")):
             with cs.CheckpointManager(directory, codec=codec, async_save=False) as mgr:
-                mgr.save(1, state)
+                mgr.save(1, state)  # an older step to fall back to, as a job that saves regularly has
+                mgr.save(2, state)
         sd = model.state_dict()
         torch.save(sd, self.pt)
         from safetensors.torch import save_file
@@ -85,8 +87,8 @@ class Files:
         base = {"torch": [self.pt], "safetensors": [self.st], "dcp": [self.dcp], "zstd": [self.zstd]}
         for key, paths in base.items():
             if key in method:
-                return _files(paths)
-        return _files([self.raw])
+                return _files([_step_dir(p) if p.name.startswith("crashsafe") else p for p in paths])
+        return _files([_step_dir(self.raw)])
 
 
 def _files(paths: list[Path]) -> list[Path]:
@@ -97,11 +99,11 @@ def _files(paths: list[Path]) -> list[Path]:
 
 
 def _step_dir(directory: Path) -> Path:
-    return next(p for p in directory.iterdir() if p.name.startswith("step_"))
+    return max(p for p in directory.iterdir() if p.name.startswith("step_"))
 
 
 def _layout(directory: Path) -> list[tuple[Path, int, int]]:
-    """(data file, offset, nbytes) of every payload of the only step, in manifest order."""
+    """(data file, offset, nbytes) of every payload of the newest step, in manifest order."""
     step = _step_dir(directory)
     manifest = json.loads((step / "manifest.json").read_text())
     return [(step / p["file"], p["offset"], p["nbytes"]) for p in manifest["payloads"]]
@@ -137,10 +139,34 @@ def warm_cache(paths: list[Path]) -> None:
 # ----------------------------------------------------------------------------- methods
 
 
-def crashsafe_restore(files: Files, model: torch.nn.Module, codec: str = "raw") -> None:
+def crashsafe_restore(
+    files: Files, model: torch.nn.Module, codec: str = "raw", step: int | None = None
+) -> None:
+    """``restore()``: the newest of the two steps, read straight into the live model (the older one
+    is there to fall back to). With ``step=2`` named, there is none: the step is verified first."""
     directory = files.raw if codec == "raw" else files.zstd
-    mgr = cs.CheckpointManager(directory, read_only=True)
-    mgr.restore({"model": model})
+    with cs.CheckpointManager(directory, read_only=True) as mgr:
+        assert mgr.restore({"model": model}, step=step) == 2
+
+
+def mmap_floor(files: Files, model: torch.nn.Module) -> None:
+    """The stored bytes copied out of the mapped data file into the live parameters, 2 MiB at a time,
+    one payload per core at a time, no checksum: the fastest way to get them there found here."""
+    arrays = live_arrays(model)
+    regions = {}
+    for path in {p for p, _, _ in files.layout}:
+        with open(path, "rb") as f:
+            regions[path] = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+
+    def one(i: int) -> None:
+        path, offset, nbytes = files.layout[i]
+        src = np.frombuffer(regions[path], dtype=np.uint8, count=nbytes, offset=offset)
+        for start in range(0, nbytes, 2 * MiB):
+            np.copyto(arrays[i][start : start + 2 * MiB], src[start : start + 2 * MiB])
+        del src
+
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        list(pool.map(one, range(len(arrays))))
 
 
 def limit(files: Files, model: torch.nn.Module, threads: int = 1) -> None:
@@ -202,16 +228,32 @@ def zstd_ceiling(files: Files, model: torch.nn.Module) -> None:
         list(pool.map(one, range(len(files.zstd_frames))))
 
 
+def zstd_decode(files: Files, model: torch.nn.Module) -> None:
+    """The zstd codec's own decode (decompress and unshuffle) of the stored frames, already in
+    memory, into the live parameters, one frame per core at a time: no reading, no checksum."""
+    arrays = live_arrays(model)
+    codec = cs.codecs.Zstd()
+
+    def one(i: int) -> None:
+        codec.decode_into(files.zstd_frames[i], arrays[i].view(np.float32))
+
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        list(pool.map(one, range(len(arrays))))
+
+
 METHODS: dict[str, Callable[[Files, torch.nn.Module], None]] = {
     "limit: preadv into live (1 thread)": limit,
     "limit: preadv into live (2 threads)": lambda f, m: limit(f, m, threads=2),
+    "floor: mmap + memcpy into live (2 threads)": mmap_floor,
     "crashsafe restore": crashsafe_restore,
+    "crashsafe restore(step=2): verified, then read": lambda f, m: crashsafe_restore(f, m, step=2),
     "torch.load(mmap=True) + copy": lambda f, m: torch_load(f, m, mmap=True),
     "torch.load + copy": lambda f, m: torch_load(f, m, mmap=False),
     "dcp.load (in place)": dcp_load,
     "safetensors load_file + copy": safetensors_load,
     "crashsafe restore, zstd": lambda f, m: crashsafe_restore(f, m, "zstd"),
     "zstd decompression only (ceiling)": zstd_ceiling,
+    "zstd decode only (decompress + unshuffle)": zstd_decode,
 }
 
 

@@ -144,6 +144,10 @@ class ChainReader(Closing):
             target.raise_if_vanished()
             raise
 
+    def cached(self, step: int, entry: PayloadEntry) -> bool:
+        """Whether the start of a payload of ``step`` is in the page cache (see StepReader.cached)."""
+        return self._reader(step).cached(entry)
+
     def check(self, step: int, entry: PayloadEntry) -> None:
         """Verify the stored bytes of a payload and of every link of its chain, decoding nothing."""
         target = self._reader(step)

@@ -40,7 +40,7 @@ from crashsafe.storage.base import Store
 __all__ = ["restore_into"]
 
 MAX_THREADS = 4  # payloads read or decoded at once
-BYTES_PER_LANE = 1 << 30  # a second copying thread paid off for 2 GiB here, not for 64 or 512 MiB
+LANES_FROM = 32 << 20  # raw bytes from which a cached step is copied by a thread per core
 
 
 _Work = Callable[[PayloadEntry, Destination], object]  # one payload: read into place, or check
@@ -110,25 +110,27 @@ def restore_step(
             saved = state_of(tree, values, step)
             check_into(state, saved)  # a mismatch raises before anything live is changed
             jobs = [(manifest.payloads[i], d) for i, d in into.items()]
+            raw = [entry for entry, _ in jobs if _is_raw(entry)]
+            cached = bool(raw) and chains.cached(step, max(raw, key=lambda entry: entry.nbytes))
             if verify_first:
-                _each(jobs, lambda entry, _: chains.check(step, entry))
+                _each(jobs, lambda entry, _: chains.check(step, entry), cached)
             changes.made = changes.made or bool(jobs)
-            _each(jobs, lambda entry, d: chains.decode(step, entry, out=d.out))
+            _each(jobs, lambda entry, d: chains.decode(step, entry, out=d.out), cached)
     except OSError as exc:
         raise reading_error(exc, store, step) from None
     apply_into(state, saved)
 
 
-def _each(jobs: list[tuple[PayloadEntry, Destination]], work: _Work) -> None:
-    """``work`` on every job. Raw payloads go in lanes of about equal bytes, each in file order (a
-    lane per BYTES_PER_LANE, up to a lane per core: a small state is read faster by one thread),
-    payloads to decode are spread over the
-    cores beside them, the largest first; payloads of delta chains go last, one at a time (a chain
-    opens readers of other steps). Returns once no job runs any more, so nothing writes into live
-    memory after a failure is raised."""
+def _each(jobs: list[tuple[PayloadEntry, Destination]], work: _Work, cached: bool) -> None:
+    """``work`` on every job. Raw payloads of a ``cached`` step (in the page cache) go in a lane
+    per core of about equal bytes, from LANES_FROM bytes on; from the disk in one lane, one
+    sequential stream being what the disk serves best here; each lane in file order. Payloads to
+    decode are spread over the cores beside them, the largest first; payloads of delta chains go
+    last, one at a time (a chain opens readers of other steps). Returns once no job runs any more,
+    so nothing writes into live memory after a failure is raised."""
     cores = min(MAX_THREADS, os.cpu_count() or 1)
     raw = [j for j in jobs if _is_raw(j[0])]
-    lanes = _lanes(raw, max(1, min(cores, sum(entry.nbytes for entry, _ in raw) // BYTES_PER_LANE)))
+    lanes = _lanes(raw, cores if cached and sum(entry.nbytes for entry, _ in raw) >= LANES_FROM else 1)
     decode = sorted((j for j in jobs if not _is_raw(j[0]) and j[0].base is None), key=lambda j: -j[0].nbytes)
     lanes += [[job] for job in decode]
     threads = min(cores, len(lanes))

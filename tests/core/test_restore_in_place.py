@@ -168,43 +168,25 @@ def test_restore_reads_into_the_live_tensors_memory(tmp_path: Path, writes: list
     assert np.array_equal(live["table"], saved[0]["table"]) and live["table"].dtype == ">f8"
 
 
-def test_restore_from_the_disk_reads_ahead_and_is_exact(
+def test_restore_from_the_disk_switches_to_large_reads_and_is_exact(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Every mapped range looks slow (as from a cold cache), so read-ahead is asked at once, also
-    after the last chunk of a payload."""
-    import crashsafe.storage.mapped
+    """Every mapped range looks slow (as from a cold cache), so the rest of each payload is read
+    with preadv after its first chunk; the verify-first pass as well."""
     import crashsafe.storage.reader
 
-    asked: list[tuple[int, int]] = []
-    prefetch = crashsafe.storage.mapped.MappedFile.prefetch
-
-    def counted(self: Any, offset: int, nbytes: int) -> None:
-        asked.append((offset, nbytes))
-        prefetch(self, offset, nbytes)
-
     monkeypatch.setattr(crashsafe.storage.reader, "_CACHED_BYTES_PER_SECOND", float("inf"))
-    monkeypatch.setattr(crashsafe.storage.mapped.MappedFile, "prefetch", counted)
+    monkeypatch.setattr(crashsafe.storage.reader, "_READ_CHUNK", 256)
+    monkeypatch.setattr(crashsafe.storage.reader, "_CHECK_CHUNK", 256)
     saved = _saved(tmp_path, 2, "raw")
-    live = _state(100)
-    with cs.CheckpointManager(tmp_path, read_only=True) as mgr:
-        assert mgr.restore(live) == 2
-    assert asked and any(nbytes == 0 for _, nbytes in asked)  # one-chunk payloads ask after their end
-    assert _same(_arrays(live), saved[1]) == []
-
-
-def test_read_ahead_after_the_end_of_a_mapped_file_is_no_error(tmp_path: Path) -> None:
-    import mmap
-
-    from crashsafe.storage.mapped import MappedFile
-
-    path = tmp_path / "data"
-    path.write_bytes(bytes(2 * mmap.PAGESIZE))
-    with open(path, "rb") as f:
-        mapped = MappedFile(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), "data")
-    mapped.prefetch(2 * mmap.PAGESIZE, 0)  # a payload that ends the file, page-aligned
-    mapped.prefetch(mmap.PAGESIZE, 5 * mmap.PAGESIZE)  # a hint past the end is ignored
-    assert mapped.view(mmap.PAGESIZE, mmap.PAGESIZE).sum() == 0
+    for step in (None, 1):
+        live = _state(100)
+        with cs.CheckpointManager(tmp_path, read_only=True) as mgr:
+            assert mgr.restore(live, step=step) == (step or 2)
+        assert _same(_arrays(live), saved[(step or 2) - 1]) == []
+    _flip(tmp_path, 2, "model.0.weight")  # damage beyond the first chunk is found on the disk path
+    with cs.CheckpointManager(tmp_path, read_only=True) as mgr, pytest.raises(cs.CorruptCheckpointError):
+        mgr.restore(_state(100), step=2)
 
 
 def test_load_mmap_gives_read_only_views_of_the_files(tmp_path: Path) -> None:

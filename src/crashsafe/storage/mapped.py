@@ -14,7 +14,6 @@ the file is opened afresh relative to the step's directory (no links, regular fi
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import mmap
 import os
@@ -46,14 +45,6 @@ class MappedFile:
         """The bytes ``offset .. offset + nbytes`` as a read-only array, read from disk if needed."""
         self.populate(offset, nbytes)
         return np.frombuffer(self.region, dtype=np.uint8, count=nbytes, offset=offset)
-
-    def prefetch(self, offset: int, nbytes: int) -> None:
-        """Ask the kernel to start reading the range from disk now (a hint: errors surface later)."""
-        if nbytes <= 0:
-            return
-        start = offset - offset % mmap.PAGESIZE
-        with contextlib.suppress(OSError, ValueError):
-            self.region.madvise(mmap.MADV_WILLNEED, start, offset + nbytes - start)
 
     def populate(self, offset: int, nbytes: int) -> None:
         """Read the range into the page cache and map it, or raise CorruptCheckpointError."""
