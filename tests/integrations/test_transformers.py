@@ -59,6 +59,25 @@ def test_resume_continues_where_the_checkpoint_left_off(tmp_path: Path) -> None:
     assert hf_tiny.digest(resumed.model, resumed.optimizer) == hf_tiny.digest(whole.model, whole.optimizer)
 
 
+def test_a_run_resumed_at_max_steps_trains_no_further(tmp_path: Path) -> None:
+    """A kill after the last step committed, before the run returned: the rerun must not train
+    (HF's stop check follows a step: it took one more at learning rate 0, Adam's moments moved)."""
+    done = _trainer(tmp_path, 8, 4)
+    done.train()
+    done.close()
+    again = _trainer(tmp_path, 8, 4)
+    again.train(resume_from_checkpoint=True)
+    again.close()
+    assert again.state.global_step == 8
+    assert hf_tiny.digest(again.model, again.optimizer) == hf_tiny.digest(done.model, done.optimizer)
+    with cs.CheckpointManager(tmp_path / "crashsafe", read_only=True) as mgr:
+        assert mgr.steps() == [4, 8]
+    longer = _trainer(tmp_path, 12, 4)  # a larger max_steps trains on from the step
+    longer.train(resume_from_checkpoint=True)
+    longer.close()
+    assert longer.state.global_step == 12
+
+
 def test_tied_weights_are_stored_once_and_load_shared(tmp_path: Path) -> None:
     trainer = _trainer(tmp_path, 4, 4)
     trainer.train()

@@ -125,6 +125,17 @@ class CrashsafeTrainerMixin:
         self.checkpoints.save(step, state, _last_logged(hf.state))
         self._saved_step = step
 
+    def _run_epoch(self, *args: Any, **kwargs: Any) -> Any:
+        """HF's epoch, unless a resumed run already reached ``max_steps``: HF would train one step
+        more (its stop check follows a step), so a run killed between committing its last step and
+        returning would end one optimizer step past an uninterrupted run."""
+        hf = self._hf()
+        if self._resuming is not None and hf.state.global_step >= hf.state.max_steps > 0:
+            self._load_rng_state(kwargs.get("resume_from_checkpoint"))  # as the skipped epoch would
+            hf.control.should_training_stop = True
+            return None
+        return Trainer._run_epoch(hf, *args, **kwargs)  # type: ignore[no-untyped-call]
+
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
         if self._resuming is None:
             Trainer._load_from_checkpoint(self._hf(), resume_from_checkpoint, model)
