@@ -55,7 +55,7 @@ def main(argv: list[str]) -> None:
         files = Files(reference)
         rows = {"warm": interleaved(files, model, reference, repeat, cold=False, names=names)}
         if not args.no_cold:
-            rows["cold"] = interleaved(files, model, reference, max(1, repeat - 2), cold=True, names=names)
+            rows["cold"] = interleaved(files, model, reference, repeat, cold=True, names=names)
         results[size * MiB] = rows
         loads.append(report.load_average())
         del model, reference, files

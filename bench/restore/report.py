@@ -34,6 +34,11 @@ def verdict(ok: bool) -> str:
     return "**met**" if ok else "**missed**"
 
 
+def _ceiling(limit_speedup: float) -> str:
+    """Where even the limit is less than 3x faster than a rival, no restore can be: say so."""
+    return f"; ceiling: the limit itself is {limit_speedup:.1f}x" if limit_speedup < 3 else ""
+
+
 def size_name(size: int) -> str:
     return f"{size // (1024 * MiB)} GiB" if size >= 1024 * MiB else f"{size // MiB} MiB"
 
@@ -55,7 +60,7 @@ def markdown(
         "values, restored into a live model whose parameters already exist (as after "
         "`model = Model()`). Warm: the files are in the page cache. Cold: each method's files are "
         "evicted first (`posix_fadvise(DONTNEED)`), so they come from the disk. "
-        f"Best of {repeat} repeats warm (cold: {max(1, repeat - 2)}), methods interleaved in a rotated "
+        f"Best of {repeat} repeats warm and cold, methods interleaved in a rotated "
         "order; ratios are taken within the run, because this 2-core machine is shared and noisy "
         f"(load average {' -> '.join(f'{x:.0f}' for x in loads)} during the run).",
         "",
@@ -102,7 +107,7 @@ def markdown(
                 f"{row[VERIFIED] / row[LIMIT]:.2f}x the limit; "
                 + "; ".join(
                     f"{rival} takes **{row[rival] / mine:.1f}x** as long (target >= 3x: "
-                    f"{verdict(row[rival] / mine >= 3)})"
+                    f"{verdict(row[rival] / mine >= 3)}{_ceiling(row[rival] / row[LIMIT])})"
                     for rival in RIVALS
                 )
                 + f"; zstd restore = **{row[ZSTD] / row[ZSTD_CEILING]:.2f}x** decompression alone, "

@@ -218,6 +218,10 @@ def _summary(console: Console, result: KillRun, steps: int) -> None:
         ("compression ratio", f"{mean([c['raw_bytes'] / c['stored_bytes'] for c in committed]):.2f}x"),
         ("mean restore time (read + verify + load)", f"{mean(restores) * 1e3:.1f} ms"),
         ("mean recovery time (process start to restored)", f"{mean(recoveries):.2f} s"),
+        (
+            "  of which start-up: interpreter, imports, model",
+            f"{mean([r - s for r, s in zip(recoveries, restores, strict=True)]):.2f} s",
+        ),
         ("lost steps (trained again after kills)", f"{result.lost_steps}"),
         ("wall time", f"{result.wall:.1f} s"),
     ]
