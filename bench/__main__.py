@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 ORDER = ["core", "compression", "shelf", "policies", "ps", "storage", "integrations", "restore"]
+ORDER += ["distributed"]
 
 
 def main(argv: list[str]) -> None:
