@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
+import signal
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -12,13 +15,17 @@ from typing import Any
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
+from safetensors.torch import load_file
+from typer.testing import CliRunner
 
 import crashsafe as cs
+from crashsafe.cli.app import app
 from crashsafe.integrations import lightning as cs_lightning
 from crashsafe.integrations.pointer import MESSAGE, STORE
+from crashsafe.storage.layout import committed_steps
 from crashsafe.workloads import lightning_digits as job
 
-from .conftest import kill_and_resume, run_to_end
+from .conftest import _CTX, run_to_end
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
 
@@ -101,6 +108,14 @@ def test_lightning_readers_say_what_to_call(tmp_path: Path) -> None:
     assert module.hparams["data_dir"] == tmp_path and isinstance(module.hparams["data_dir"], Path)
     assert module.hparams["schedule"] is job.Schedule.STEP
     assert module.hparams["extra"] == argparse.Namespace(note="digits")
+    out = tmp_path / "model.safetensors"  # the weights, exported under the module's own names
+    prefix = ["--prefix", "lightning.state_dict."]
+    result = CliRunner().invoke(app, ["export", str(tmp_path / STORE), "-o", str(out), *prefix])
+    assert result.exit_code == 0, result.output
+    fresh = job.DigitsModule(seed=1)
+    fresh.load_state_dict(load_file(out), strict=True)
+    loaded = fresh.state_dict()
+    assert all(torch.equal(loaded[k], v) for k, v in module.state_dict().items())
 
 
 def test_a_value_that_cannot_be_stored_is_refused_at_the_first_save_naming_its_path(tmp_path: Path) -> None:
@@ -125,18 +140,41 @@ def test_a_damaged_checkpoint_falls_back(tmp_path: Path) -> None:
     assert loaded["global_step"] == 8  # epoch=0-step=8.ckpt holds the same step
 
 
+def _newest(store: Path) -> int:
+    steps = committed_steps(store)
+    return steps[-1] if steps else -1
+
+
+def _kill_after_saves(argv: list[str], store: Path, kills: int, rng: random.Random) -> int:
+    """Start the job ``kills`` times and SIGKILL it a few ms after its 1st-4th new commit (so the
+    kill lands in training, a staging copy or the next background commit, never after the run
+    ended), then run it to the end; return how many runs were really killed."""
+    killed = 0
+    for _ in range(kills):
+        seen = {_newest(store)}
+        wanted = len(seen) + rng.randint(1, 4)
+        process = _CTX.Process(target=job.main, args=(argv,))
+        process.start()
+        deadline = time.monotonic() + 120
+        while len(seen) < wanted and process.is_alive() and time.monotonic() < deadline:
+            seen.add(_newest(store))
+            time.sleep(0.002)
+        time.sleep(rng.uniform(0.0, 0.03))
+        if process.is_alive():
+            os.kill(process.pid, signal.SIGKILL)
+            killed += 1
+        process.join()
+    run_to_end(job.main, argv)
+    return killed
+
+
 @pytest.mark.parametrize("mode", ["plugin", "callback"])
 def test_sigkilled_runs_resume_bit_identical(tmp_path: Path, mode: str) -> None:
     steps = ["--steps", "60", "--every", "3", "--mode", mode]
     run_to_end(job.main, [str(tmp_path / "whole"), *steps])
     killed = tmp_path / "killed"
     store = killed / STORE if mode == "plugin" else killed / "managed"
-
-    def saved() -> bool:
-        return store.exists() and any(p.name.startswith("step_") for p in store.iterdir())
-
-    seed = int.from_bytes(os.urandom(2))
-    kills = kill_and_resume(job.main, [str(killed), *steps], saved, kills=3, seed=seed)
-    assert kills >= 1
+    kills = _kill_after_saves([str(killed), *steps], store, kills=3, rng=random.Random(os.urandom(2)))
+    assert kills == 3
     assert (killed / "final.txt").read_text() == (tmp_path / "whole" / "final.txt").read_text()
     assert cs.verify(store).ok

@@ -4,10 +4,11 @@
   ``ModelCheckpoint`` decides what to save and delete (top-k, ``save_last``, ``every_n_train_steps``,
   re-saving one path) and ``fit(ckpt_path="last")`` resumes. Each path holds a pointer file
   (``integrations/pointer.py``); the checkpoints live in ``.crashsafe/`` beside it, committed
-  atomically, verified on load, with fallback. Saving returns after a copy into staging buffers; a
-  background thread writes, commits and only then updates the pointer files and deletes what a new
-  checkpoint replaces (Lightning's ``AsyncCheckpointIO`` contract: errors surface at the next save
-  or at teardown).
+  atomically, verified on load, with fallback. Saving returns after a copy into staging buffers
+  (two saves may be in flight, so ``save_last``'s second save of a step does not wait for the
+  first); a background thread writes, commits and only then updates the pointer files and deletes
+  what a new checkpoint replaces (Lightning's ``AsyncCheckpointIO`` contract: errors surface at the
+  next save or at teardown).
 * ``Trainer(callbacks=[CrashsafeCallback("ckpt", policy=...)])`` hands checkpointing wholly to a
   :class:`~crashsafe.CheckpointManager` (policies, codecs, retention, SIGTERM) and resumes from its
   newest intact step when ``fit`` starts.
@@ -19,9 +20,11 @@ dataloader a resumed run continues bit for bit.
 from __future__ import annotations
 
 import os
+import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +41,13 @@ from crashsafe.manager import CheckpointManager
 from crashsafe.state.rng import RNGState
 from crashsafe.state.staging import StagingPool, detached_copy
 
-__all__ = ["CrashsafeCallback", "CrashsafeCheckpointIO", "load_checkpoint", "load_from_checkpoint"]
+__all__ = [
+    "CrashsafeCallback",
+    "CrashsafeCheckpointIO",
+    "SaveTiming",
+    "load_checkpoint",
+    "load_from_checkpoint",
+]
 
 
 class _Directory:
@@ -55,13 +64,18 @@ class _Directory:
         """Delete steps no pointer names: removed, or saved by a run killed before the pointer."""
         self.delete([step for step, name in self.names.items() if not is_pointer(self.path / name)])
 
-    def save(self, name: str, snapshot: Mapping[str, Any], metrics: dict[str, float]) -> None:
-        """Commit ``snapshot`` as a new step, then point ``name`` at it and drop what it replaces."""
+    def save(self, name: str, snapshot: Mapping[str, Any], metrics: dict[str, float]) -> float:
+        """Commit ``snapshot`` as a new step, then point ``name`` at it and drop what it replaces;
+        return when ``name`` loads it (``time.perf_counter()``), before the deletions."""
         step = max(self.names, default=-1) + 1
         self.mgr.save(step, {"name": name, **snapshot}, metrics)
         self.names[step] = name
-        write_pointer(self.path / name, name)
+        pointer = self.path / name
+        if pointer.is_symlink() or not is_pointer(pointer) or pointed_name(pointer) != name:
+            write_pointer(pointer, name)  # a re-saved name (last.ckpt) already has its pointer
+        durable = time.perf_counter()
         self.delete([s for s, n in self.names.items() if n == name and s != step])
+        return durable
 
     def remove(self, name: str) -> None:
         remove_pointer(self.path / name)
@@ -139,6 +153,15 @@ def _map(checkpoint: dict[str, Any], map_location: Any) -> dict[str, Any]:
     return moved
 
 
+@dataclass(frozen=True)
+class SaveTiming:
+    """One save: how long training was blocked, and how long until it was committed (seconds)."""
+
+    name: str
+    stall: float
+    durable: float
+
+
 class CrashsafeCheckpointIO(CheckpointIO):
     """A Lightning ``CheckpointIO`` that writes crashsafe checkpoints: ``Trainer(plugins=[...])``.
 
@@ -147,30 +170,56 @@ class CrashsafeCheckpointIO(CheckpointIO):
             step that a kept step's delta needs is deleted only once no kept step needs it).
         restore_rng: loading a checkpoint also restores the python, numpy and torch RNGs saved with
             it (Lightning's own checkpoints do not save them, so its resumed runs draw other numbers).
+        in_flight: saves that may be copied but not yet committed, each with its own staging copy
+            of the state (memory: ``in_flight`` copies). Two let ``save_last``'s second save of a
+            step return without waiting for the first to commit; 1 keeps a single copy.
     """
 
     def __init__(
-        self, *, codec: CodecSpec = None, lossless: Sequence[str] = (), restore_rng: bool = True
+        self,
+        *,
+        codec: CodecSpec = None,
+        lossless: Sequence[str] = (),
+        restore_rng: bool = True,
+        in_flight: int = 2,
     ) -> None:
+        if in_flight < 1:
+            raise ValueError(f"in_flight must be at least 1, got {in_flight}")
         self._codec = codec
         self._lossless = tuple(lossless)
         self.restore_rng = restore_rng
         self._dirs: dict[Path, _Directory] = {}
-        self._pool = StagingPool()
+        self._pools = [StagingPool() for _ in range(in_flight)]
+        self._using: list[Future[None] | None] = [None] * in_flight  # the save each pool is staging
+        self._saves = 0
         self._executor: ThreadPoolExecutor | None = None
         self._pending: list[Future[None]] = []
+        self.stats: list[SaveTiming] = []
 
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
     ) -> None:
-        """Copy ``checkpoint`` into staging buffers and return; it commits in the background."""
+        """Copy ``checkpoint`` into staging buffers and return; it commits in the background. A
+        background error is raised here, at the next save."""
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} takes no storage_options")
+        begin = time.perf_counter()
         target = _local_path(path)
-        self._settle()  # the previous save is committed: its staging buffers may be reused
-        snapshot = detached_copy({"lightning": checkpoint, "rng": RNGState()}, self._pool)
+        slot = self._saves % len(self._pools)
+        previous = self._using[slot]
+        if previous is not None:
+            previous.exception()  # its buffers are free once that save committed (or failed)
+        self._raise_errors(done_only=True)
+        snapshot = detached_copy({"lightning": checkpoint, "rng": RNGState()}, self._pools[slot])
         metrics = {k: float(checkpoint.get(k, 0)) for k in ("global_step", "epoch")}
-        self._submit(target.parent, lambda d: d.save(target.name, snapshot, metrics))
+        stall = time.perf_counter() - begin
+
+        def save(directory: _Directory) -> None:
+            durable = directory.save(target.name, snapshot, metrics)
+            self.stats.append(SaveTiming(target.name, stall, durable - begin))
+
+        self._using[slot] = self._submit(target.parent, save)
+        self._saves += 1
 
     def load_checkpoint(
         self, path: Any, map_location: Any | None = None, weights_only: bool | None = None
@@ -201,6 +250,10 @@ class CrashsafeCheckpointIO(CheckpointIO):
             return
         self._submit(target.parent, lambda d: d.remove(target.name))
 
+    def wait(self) -> None:
+        """Block until every save so far is committed (and its pointer written); raise its error."""
+        self._settle()
+
     def teardown(self) -> None:
         """Wait for every pending save (raising its error), close the stores."""
         try:
@@ -212,12 +265,16 @@ class CrashsafeCheckpointIO(CheckpointIO):
             for directory in self._dirs.values():
                 directory.mgr.close()
             self._dirs.clear()
-            self._pool.clear()
+            for pool in self._pools:
+                pool.clear()
+            self._using = [None] * len(self._pools)
 
-    def _submit(self, directory: Path, work: Callable[[_Directory], None]) -> None:
+    def _submit(self, directory: Path, work: Callable[[_Directory], None]) -> Future[None]:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="crashsafe-lightning")
-        self._pending.append(self._executor.submit(lambda: work(self._directory(directory))))
+        future = self._executor.submit(lambda: work(self._directory(directory)))
+        self._pending.append(future)
+        return future
 
     def _directory(self, path: Path) -> _Directory:
         """The store of ``path`` (opened, and its orphans dropped, at first use; in the worker)."""
@@ -233,8 +290,14 @@ class CrashsafeCheckpointIO(CheckpointIO):
 
     def _settle(self) -> None:
         """Wait for the background work; raise the first error it met."""
-        pending, self._pending = self._pending, []
-        errors = [exc for f in pending if (exc := f.exception()) is not None]
+        self._raise_errors(done_only=False)
+
+    def _raise_errors(self, *, done_only: bool) -> None:
+        """Forget finished background work (all of it, waiting, unless ``done_only``); raise the
+        first error it met."""
+        finished = [f for f in self._pending if f.done()] if done_only else self._pending
+        self._pending = [f for f in self._pending if f not in finished]
+        errors = [exc for f in finished if (exc := f.exception()) is not None]
         if errors:
             raise CrashsafeError(
                 f"saving a Lightning checkpoint in the background failed: {errors[0]!r}"

@@ -7,6 +7,7 @@ than a copy into warm memory) and reused by every later save of the same shapes.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -19,43 +20,66 @@ from crashsafe.state.tree import ArrayLeaf, flatten
 __all__ = ["StagingPool", "detached_copy", "view_bytes"]
 
 
+@dataclass
+class _Slot:
+    """One leaf's staging buffer and its views in the leaf's element type and shape (kept so a
+    repeated save costs one copy, not a rebuild of the views)."""
+
+    buffer: np.ndarray[Any, Any]
+    key: tuple[str, str, tuple[int, ...]]  # kind, dtype, shape
+    typed: np.ndarray[Any, Any]
+    tensor: Any  # a torch view of ``buffer`` for torch leaves, else None
+
+
 class StagingPool:
     """Staging buffers by state path; one buffer per leaf, reused while its size is unchanged."""
 
     def __init__(self) -> None:
-        self._buffers: dict[str, np.ndarray[Any, Any]] = {}
+        self._slots: dict[str, _Slot] = {}
 
     @property
     def nbytes(self) -> int:
-        return sum(b.nbytes for b in self._buffers.values())
+        return sum(slot.buffer.nbytes for slot in self._slots.values())
 
     def capture(self, leaves: list[ArrayLeaf]) -> list[np.ndarray[Any, Any]]:
         """Copy every leaf into its staging buffer; return typed views of the copies."""
         wanted = {leaf.path for leaf in leaves}
-        for stale in set(self._buffers) - wanted:
-            del self._buffers[stale]
+        for stale in self._slots.keys() - wanted:
+            del self._slots[stale]
         return [self._copy(leaf) for leaf in leaves]
 
-    def _copy(self, leaf: ArrayLeaf) -> np.ndarray[Any, Any]:
-        buf = self._buffers.get(leaf.path)
-        if buf is None or buf.nbytes != leaf.nbytes:
-            buf = self._buffers[leaf.path] = alloc_bytes(leaf.nbytes, prefault=True)
-        typed = buf.view(storage_dtype(leaf.dtype)).reshape(leaf.shape)
-        if leaf.nbytes == 0:
-            return typed
-        if leaf.kind == "torch":
+    def _slot(self, leaf: ArrayLeaf) -> _Slot:
+        key = (leaf.kind, leaf.dtype, leaf.shape)
+        slot = self._slots.get(leaf.path)
+        if slot is not None and slot.key == key:
+            return slot
+        if slot is not None and slot.buffer.nbytes == leaf.nbytes:
+            buffer = slot.buffer
+        else:
+            buffer = alloc_bytes(leaf.nbytes, prefault=True)
+        typed = buffer.view(storage_dtype(leaf.dtype)).reshape(leaf.shape)
+        tensor = None
+        if leaf.kind == "torch" and leaf.nbytes:
             import torch
 
-            src = leaf.source.detach()
-            torch.from_numpy(buf).view(src.dtype).view(src.shape).copy_(src)
+            tensor = torch.from_numpy(buffer).view(leaf.source.dtype).view(leaf.shape)
+        slot = self._slots[leaf.path] = _Slot(buffer, key, typed, tensor)
+        return slot
+
+    def _copy(self, leaf: ArrayLeaf) -> np.ndarray[Any, Any]:
+        slot = self._slot(leaf)
+        if leaf.nbytes == 0:
+            return slot.typed
+        if slot.tensor is not None:
+            slot.tensor.copy_(leaf.source.detach())
         elif leaf.kind == "bytes":
-            buf[:] = np.frombuffer(leaf.source, dtype=np.uint8)
+            slot.buffer[:] = np.frombuffer(leaf.source, dtype=np.uint8)
         else:
-            np.copyto(typed, leaf.source)
-        return typed
+            np.copyto(slot.typed, leaf.source)
+        return slot.typed
 
     def clear(self) -> None:
-        self._buffers.clear()
+        self._slots.clear()
 
 
 def view_bytes(leaf: ArrayLeaf) -> np.ndarray[Any, Any]:
