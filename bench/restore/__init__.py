@@ -34,7 +34,7 @@ from bench.restore.methods import METHODS, RESULTS, WORK, Files, MiB, interleave
 
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench restore")
-    parser.add_argument("--quick", action="store_true", help="64 MiB only, one repeat (a smoke run)")
+    parser.add_argument("--quick", action="store_true", help="64 MiB, 1 repeat, not kept")
     parser.add_argument("--repeat", type=int, default=None)
     parser.add_argument("--sizes", default="64,512,2048", help="state sizes in MiB")
     parser.add_argument("--no-cold", action="store_true", help="warm page cache only")
@@ -61,17 +61,18 @@ def main(argv: list[str]) -> None:
         del model, reference, files
         gc.collect()
     shutil.rmtree(WORK, ignore_errors=True)
-    command = "make bench BENCH=restore" + (" (--quick)" if args.quick else "")
+    command = "make bench BENCH=restore"
+    out = RESULTS / "restore.md"
+    if args.quick or args.recovery_only:  # a look, not a result: restore.md keeps a whole run's
+        out = WORK.with_name("restore-look.md")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    text = ""
     if not args.recovery_only:  # written first: the recovery part cannot lose them
         text = report.markdown(results, command, time.perf_counter() - began, repeat, loads)
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        (RESULTS / "restore.md").write_text(text)
+        out.write_text(text)
     print("-- the demo job's recovery", flush=True)
-    phases = recovery.run(args.runs)
-    part = "\n".join(recovery.markdown(phases, args.runs))
-    if args.recovery_only:  # a look, not a result: restore.md keeps the whole run's results
-        print(part)
-        return
-    text += "\n" + part
-    (RESULTS / "restore.md").write_text(text)
+    runs = 1 if args.quick else args.runs
+    text += "\n" + "\n".join(recovery.markdown(recovery.run(runs), runs))
+    out.write_text(text)
     print(text)
+    print(f"written to {out}")
