@@ -33,7 +33,7 @@ ROOT = HERE.parents[1]
 WORK = HERE.parent / ".work" / "distributed"
 RESULTS = HERE.parent / "results"
 MiB = 1 << 20
-METHODS = ["crashsafe", "dcp_async", "dcp_async_cached", "dcp", "raw"]
+METHODS = ["crashsafe", "crashsafe_sync", "dcp_async", "dcp_async_cached", "dcp", "raw"]
 LAUNCH_TIMEOUT = 600.0
 PR_SET_PDEATHSIG = 1
 MEMORY_WAIT = 600.0  # seconds a launch waits for memory
@@ -136,9 +136,9 @@ def bytes_per_rank(method: str, directory: Path, world: int) -> list[int]:
     for path in newest.rglob("*"):
         if not path.is_file():
             continue
-        pattern = {"crashsafe": r"data-r(\d+)\.bin", "raw": r"rank(\d+)\.bin"}.get(
-            method, r"__(\d+)_\d+\.distcp"
-        )
+        crashsafe = r"data-r(\d+)\.bin"
+        patterns = {"crashsafe": crashsafe, "crashsafe_sync": crashsafe, "raw": r"rank(\d+)\.bin"}
+        pattern = patterns.get(method, r"__(\d+)_\d+\.distcp")
         match = re.fullmatch(pattern, path.name)
         out[int(match.group(1)) if match else 0] += path.stat().st_size
     return out
@@ -196,7 +196,7 @@ def machine() -> str:
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench distributed")
     parser.add_argument("--quick", action="store_true", help="256 MiB on 2 ranks only (no resharding)")
-    parser.add_argument("--saves", type=int, default=4, help="saves per method (the first warms up)")
+    parser.add_argument("--saves", type=int, default=6, help="saves per method (the first warms up)")
     parser.add_argument("--sizes", type=int, nargs="+", help="total state sizes in MiB (256 1024)")
     parser.add_argument("--worlds", type=int, nargs="+", help="rank counts (2 4); the first and last reshard")
     parser.add_argument("--kinds", nargs="+", choices=["ddp", "fsdp"], default=["ddp", "fsdp"])

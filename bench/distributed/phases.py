@@ -14,6 +14,8 @@ from typing import Any
 
 # (module, owner or "", function): the phase's name in the report
 PHASES: dict[tuple[str, str, str], str] = {
+    ("crashsafe.manager", "", "flatten"): "stall: of which walking the state (state_dict, optimizer)",
+    ("crashsafe.state.staging", "StagingPool", "capture"): "stall: of which the copy into staging",
     ("crashsafe.distributed.saving", "", "_offer"): "hash every array (replica fingerprints)",
     (
         "crashsafe.distributed.group",

@@ -133,7 +133,11 @@ def write_raw(blobs: list[memoryview], target: Path) -> None:
 
 
 def save_once(
-    method: str, mgr: cs.CheckpointManager, stager: DefaultStager, state: dict[str, Any], target: Path
+    method: str,
+    mgrs: dict[str, cs.CheckpointManager],
+    stager: DefaultStager,
+    state: dict[str, Any],
+    target: Path,
 ) -> tuple[float, float]:
     """One save on this rank: (training stall, time until durably committed)."""
     blobs = share(state["model"], state["optim"]) if method == "raw" else []
@@ -145,10 +149,10 @@ def save_once(
             _fsync_dir(target)
             _fsync_dir(target.parent)
         t1 = time.perf_counter()
-    elif method == "crashsafe":
-        mgr.save(state["step"], state)
+    elif method in mgrs:  # crashsafe async, or sync (no copy: writes from the live tensors)
+        mgrs[method].save(state["step"], state)
         t1 = time.perf_counter()
-        mgr.wait()  # every rank: committed (rank 0 renamed and fsynced) and the outcome heard
+        mgrs[method].wait()  # every rank: committed (rank 0 renamed and fsynced), the outcome heard
     else:
         payload = dcp_payload(state["model"], state["optim"])
         if method in ("dcp_async", "dcp_async_cached"):
@@ -171,13 +175,13 @@ def save_once(
     return t1 - t0, time.perf_counter() - t0
 
 
-def drop_older(method: str, mgr: cs.CheckpointManager, dirs: dict[str, Path], step: int) -> float:
+def drop_older(method: str, mgrs: dict[str, cs.CheckpointManager], dirs: dict[str, Path], step: int) -> float:
     """Delete ``step`` of ``method`` (keep the newest only), outside the save's timing for every
     method; crashsafe's crash-safe delete (collective, on rank 0) is timed: what ``keep_last=1``
     would add to its background commit."""
     t0 = time.perf_counter()
-    if method == "crashsafe":
-        mgr.delete([step])
+    if method in mgrs:
+        mgrs[method].delete([step])
     elif dist.get_rank() == 0:
         shutil.rmtree(dirs[method] / f"step_{step}")
     return time.perf_counter() - t0
@@ -191,7 +195,10 @@ def run_saves(cfg: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {m: {"stall": [], "durable": [], "drop": []} for m in methods}
     out["crashsafe"]["phases"] = []
     # no retention in the manager: older steps of every method are deleted between saves, untimed
-    mgr = cs.CheckpointManager(dirs["crashsafe"], keep_last=None)
+    mgrs = {
+        "crashsafe": cs.CheckpointManager(dirs["crashsafe"], keep_last=None),
+        "crashsafe_sync": cs.CheckpointManager(dirs["crashsafe_sync"], keep_last=None, async_save=False),
+    }
     stager = DefaultStager(StagingOptions(False, False, False, False))  # async_save's own, kept
     for i in range(1, cfg["saves"] + 1):
         k = (i - 1) % len(methods)
@@ -202,7 +209,7 @@ def run_saves(cfg: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
             dist.barrier()
             phases.take()
             with PeakMemory() as mem:
-                stall, durable = save_once(method, mgr, stager, state, dirs[method] / f"step_{i}")
+                stall, durable = save_once(method, mgrs, stager, state, dirs[method] / f"step_{i}")
             every = _gather((stall, durable, mem.anon, phases.take(), mem.extra))
             if method == "crashsafe":
                 out[method]["phases"].append([e[3] for e in every])
@@ -214,9 +221,10 @@ def run_saves(cfg: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
             if i == cfg["saves"] and method != "raw":
                 out[method]["fingerprint"] = fingerprint(state["model"], state["optim"])
             if i > 1:
-                out[method]["drop"].append(max(_gather(drop_older(method, mgr, dirs, i - 1))))
+                out[method]["drop"].append(max(_gather(drop_older(method, mgrs, dirs, i - 1))))
             _log(f"save {i} {method}: stall {stall:.3f} durable {durable:.3f} (this rank)")
-    mgr.close()
+    for mgr in mgrs.values():
+        mgr.close()
     stager.close()
     return out
 
