@@ -178,3 +178,18 @@ def test_sigkilled_runs_resume_bit_identical(tmp_path: Path, mode: str) -> None:
     assert kills == 3
     assert (killed / "final.txt").read_text() == (tmp_path / "whole" / "final.txt").read_text()
     assert cs.verify(store).ok
+
+
+def test_removals_wait_for_an_idle_writer_and_a_re_saved_name_stays(tmp_path: Path) -> None:
+    io = cs_lightning.CrashsafeCheckpointIO()
+    for step, name in [(1, "a.ckpt"), (2, "b.ckpt"), (3, "a.ckpt")]:
+        io.save_checkpoint({"global_step": step, "w": torch.full((4,), float(step))}, tmp_path / name)
+    io.remove_checkpoint(tmp_path / "a.ckpt")
+    io.remove_checkpoint(tmp_path / "b.ckpt")
+    io.save_checkpoint({"global_step": 4, "w": torch.full((4,), 4.0)}, tmp_path / "a.ckpt")
+    io.teardown()
+    assert _ckpt_files(tmp_path) == ["a.ckpt"]
+    assert _stored_names(tmp_path) == ["a.ckpt"]  # b's and a's older steps deleted
+    assert cs_lightning.load_checkpoint(tmp_path / "a.ckpt")["global_step"] == 4
+    assert [s.name for s in io.stats] == ["a.ckpt", "b.ckpt", "a.ckpt", "a.ckpt"]
+    assert all(0 < s.stall < s.durable for s in io.stats)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import time
 import warnings
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -39,7 +40,10 @@ from crashsafe.format.manifest import Manifest
 from crashsafe.integrations.pointer import STORE, is_pointer, pointed_name, remove_pointer, write_pointer
 from crashsafe.manager import CheckpointManager
 from crashsafe.state.rng import RNGState
+from crashsafe.state.snapshot import fast_copy
 from crashsafe.state.staging import StagingPool, detached_copy
+
+_BACKLOG = 8  # deferred removals and deletions done even while saves are queued
 
 __all__ = [
     "CrashsafeCallback",
@@ -52,34 +56,53 @@ __all__ = [
 
 class _Directory:
     """One Lightning checkpoint directory: its crashsafe store (``.crashsafe/``, one step per save,
-    the Lightning file name in the state) and the pointer files that name its checkpoints."""
+    the Lightning file name in the state) and the pointer files that name its checkpoints.
+
+    Removals and the deletion of replaced steps wait for a moment when no save is queued (or for a
+    backlog of ``_BACKLOG``): they are garbage, and their fsyncs would delay the next commit."""
 
     def __init__(self, path: Path, manager: CheckpointManager) -> None:
         self.path = path
         self.mgr = manager
         self.names = _names(manager)  # step -> the file name it was saved as
         self.held: set[int] = set()  # steps a kept step's delta still needs: deleted later
+        self.removed: set[str] = set()  # names Lightning removed: pointer and steps go at collect()
+        self.stale: set[int] = set()  # steps a newer save of their name replaced
 
     def drop_orphans(self) -> None:
         """Delete steps no pointer names: removed, or saved by a run killed before the pointer."""
         self.delete([step for step, name in self.names.items() if not is_pointer(self.path / name)])
 
     def save(self, name: str, snapshot: Mapping[str, Any], metrics: dict[str, float]) -> float:
-        """Commit ``snapshot`` as a new step, then point ``name`` at it and drop what it replaces;
-        return when ``name`` loads it (``time.perf_counter()``), before the deletions."""
+        """Commit ``snapshot`` as a new step, then point ``name`` at it; return when ``name`` loads
+        it (``time.perf_counter()``). The steps it replaces are deleted at ``collect()``."""
         step = max(self.names, default=-1) + 1
         self.mgr.save(step, {"name": name, **snapshot}, metrics)
         self.names[step] = name
+        self.removed.discard(name)  # removed, then saved again: it stays
         pointer = self.path / name
         if pointer.is_symlink() or not is_pointer(pointer) or pointed_name(pointer) != name:
             write_pointer(pointer, name)  # a re-saved name (last.ckpt) already has its pointer
         durable = time.perf_counter()
-        self.delete([s for s, n in self.names.items() if n == name and s != step])
+        self.stale.update(s for s, n in self.names.items() if n == name and s != step)
         return durable
 
     def remove(self, name: str) -> None:
-        remove_pointer(self.path / name)
-        self.delete([s for s, n in self.names.items() if n == name])
+        self.removed.add(name)
+
+    @property
+    def backlog(self) -> int:
+        return len(self.removed) + len(self.stale)
+
+    def collect(self) -> None:
+        """Remove the pointers of removed names (durably), then delete their steps and the
+        replaced ones (a crash in between leaves steps no pointer names: dropped at the next open)."""
+        for name in sorted(self.removed):
+            remove_pointer(self.path / name)
+            self.stale.update(s for s, n in self.names.items() if n == name)
+        self.removed.clear()
+        stale, self.stale = self.stale, set()
+        self.delete(sorted(stale))
 
     def delete(self, steps: Sequence[int]) -> None:
         """Delete ``steps`` (and earlier ones held back), newest first; a step that a kept step's
@@ -194,7 +217,8 @@ class CrashsafeCheckpointIO(CheckpointIO):
         self._saves = 0
         self._executor: ThreadPoolExecutor | None = None
         self._pending: list[Future[None]] = []
-        self.stats: list[SaveTiming] = []
+        self._submitted = self._started = 0  # work handed to the writer thread / begun there
+        self._timings: deque[tuple[str, float, float, list[float]]] = deque(maxlen=1000)
 
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
@@ -210,16 +234,29 @@ class CrashsafeCheckpointIO(CheckpointIO):
         if previous is not None:
             previous.exception()  # its buffers are free once that save committed (or failed)
         self._raise_errors(done_only=True)
-        snapshot = detached_copy({"lightning": checkpoint, "rng": RNGState()}, self._pools[slot])
+        state, pool = {"lightning": checkpoint, "rng": RNGState()}, self._pools[slot]
+        snapshot = fast_copy(state, pool) if self._saves else None
+        if snapshot is None:  # the first save is checked in full here, so its errors come now
+            snapshot = detached_copy(state, pool)
         metrics = {k: float(checkpoint.get(k, 0)) for k in ("global_step", "epoch")}
-        stall = time.perf_counter() - begin
+        timing: list[float] = []  # when the checkpoint was committed and named
 
         def save(directory: _Directory) -> None:
-            durable = directory.save(target.name, snapshot, metrics)
-            self.stats.append(SaveTiming(target.name, stall, durable - begin))
+            timing.append(directory.save(target.name, snapshot, metrics))
 
         self._using[slot] = self._submit(target.parent, save)
         self._saves += 1
+        self._timings.append((target.name, begin, time.perf_counter(), timing))
+
+    @property
+    def stats(self) -> list[SaveTiming]:
+        """The last 1000 committed saves, oldest first: how long each blocked training (its copy and
+        hand-over to the writer thread), and how long until its pointer named it."""
+        return [
+            SaveTiming(name, went_on - begin, timing[0] - begin)
+            for name, begin, went_on, timing in self._timings
+            if timing
+        ]
 
     def load_checkpoint(
         self, path: Any, map_location: Any | None = None, weights_only: bool | None = None
@@ -243,21 +280,32 @@ class CrashsafeCheckpointIO(CheckpointIO):
         return _map(state["lightning"], map_location)
 
     def remove_checkpoint(self, path: Any) -> None:
-        """Remove a checkpoint; its steps are deleted after the pending save commits."""
+        """Remove a checkpoint once the saves before it are committed (a save still in flight has
+        not written its pointer yet); its steps are deleted when the writer is idle."""
         target = _local_path(path)
-        if target.is_symlink() or not is_pointer(target):
-            TorchCheckpointIO().remove_checkpoint(path)  # a link (save_last="link") or a torch file
+        if target.is_symlink():
+            TorchCheckpointIO().remove_checkpoint(path)  # save_last="link": Lightning's own link
             return
-        self._submit(target.parent, lambda d: d.remove(target.name))
+
+        def remove(directory: _Directory) -> None:
+            if is_pointer(target):
+                directory.remove(target.name)
+            else:
+                TorchCheckpointIO().remove_checkpoint(path)  # a torch.save file
+
+        self._submit(target.parent, remove)
 
     def wait(self) -> None:
         """Block until every save so far is committed (and its pointer written); raise its error."""
         self._settle()
 
     def teardown(self) -> None:
-        """Wait for every pending save (raising its error), close the stores."""
+        """Wait for every pending save (raising its error), do the deferred removals, close the
+        stores."""
         try:
             self._settle()
+            for directory in self._dirs.values():
+                directory.collect()
         finally:
             if self._executor is not None:
                 self._executor.shutdown(wait=True)
@@ -270,9 +318,20 @@ class CrashsafeCheckpointIO(CheckpointIO):
             self._using = [None] * len(self._pools)
 
     def _submit(self, directory: Path, work: Callable[[_Directory], None]) -> Future[None]:
+        """Run ``work`` in the writer thread; then, if no other work is queued (or the backlog is
+        long), the directory's deferred removals and deletions."""
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="crashsafe-lightning")
-        future = self._executor.submit(lambda: work(self._directory(directory)))
+
+        def run() -> None:
+            self._started += 1
+            held = self._directory(directory)
+            work(held)
+            if self._started == self._submitted or held.backlog > _BACKLOG:
+                held.collect()
+
+        self._submitted += 1
+        future = self._executor.submit(run)
         self._pending.append(future)
         return future
 

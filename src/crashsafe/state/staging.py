@@ -43,10 +43,22 @@ class StagingPool:
 
     def capture(self, leaves: list[ArrayLeaf]) -> list[np.ndarray[Any, Any]]:
         """Copy every leaf into its staging buffer; return typed views of the copies."""
-        wanted = {leaf.path for leaf in leaves}
-        for stale in self._slots.keys() - wanted:
-            del self._slots[stale]
+        self.retain({leaf.path for leaf in leaves})
         return [self._copy(leaf) for leaf in leaves]
+
+    def stage(self, leaf: ArrayLeaf) -> Any:
+        """Copy one leaf into its staging buffer; return the copy as the leaf's own kind (a torch
+        tensor for a tensor, else the typed array)."""
+        typed = self._copy(leaf)
+        if leaf.kind != "torch":
+            return typed
+        tensor = self._slots[leaf.path].tensor
+        return tensor if tensor is not None else to_value("torch", leaf.dtype, typed)  # 0 bytes
+
+    def retain(self, paths: set[str]) -> None:
+        """Free the buffers of every path not in ``paths``."""
+        for stale in self._slots.keys() - paths:
+            del self._slots[stale]
 
     def _slot(self, leaf: ArrayLeaf) -> _Slot:
         key = (leaf.kind, leaf.dtype, leaf.shape)

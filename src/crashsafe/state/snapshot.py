@@ -1,0 +1,174 @@
+"""A point-in-time copy of a training state in one cheap walk, for saves that return at once.
+
+``detached_copy`` flattens the state into a checked tree and rebuilds it: right for a first save,
+whose errors must name their path then, but a second walk of the same structure at every later save,
+while the background save flattens it again. ``fast_copy`` copies only what training could change
+afterwards: arrays into staging buffers, containers rebuilt, ``state_dict()`` taken now; immutable
+values are shared. Whatever it does not know exactly gives ``None``, and the caller uses
+``detached_copy`` (which refuses what cannot be stored, naming its path).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import enum
+import itertools
+import pathlib
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from crashsafe._torch import is_tensor, loaded_torch
+from crashsafe.format.dtypes import torch_dtype_name
+from crashsafe.state.staging import StagingPool
+from crashsafe.state.tree import (
+    _ARRAY_TYPES,
+    MAX_DEPTH,
+    ArrayLeaf,
+    _is_dtensor,
+    _tensor_problem,
+    is_stateful,
+    numpy_dtype_name,
+)
+
+__all__ = ["fast_copy"]
+
+_SHARED = (type(None), bool, float, str, bytes, pathlib.PurePath, enum.Enum)  # immutable, stored as is
+_ROOT = object()  # the key of the state itself
+_PLAIN = frozenset({type(None), bool, float, str, bytes})
+
+
+class _Unusual(Exception):
+    """A value ``fast_copy`` leaves to ``detached_copy``."""
+
+
+def fast_copy(state: object, pool: StagingPool) -> Any | None:
+    """``state`` as ``detached_copy`` would give it (arrays in ``pool``'s staging buffers, objects
+    with ``state_dict()`` as that dict), or None if it holds anything ``detached_copy`` must judge:
+    an unsupported or unusual value, a path two arrays would share, tensors overlapping in memory
+    other than as one tensor saved twice."""
+    walk = _Walk(pool)
+    try:
+        copied = walk.value(state, "", _ROOT, 0)
+    except _Unusual:
+        return None
+    if walk.overlapping():
+        return None
+    pool.retain(walk.paths)
+    return copied
+
+
+class _Walk:
+    def __init__(self, pool: StagingPool) -> None:
+        self.pool = pool
+        self.paths: set[str] = set()
+        self.tensors: dict[tuple[Any, ...], Any] = {}  # (address, dtype, shape, stride) -> its copy
+        self.spans: list[tuple[int, int, tuple[Any, ...]]] = []
+        torch = loaded_torch()
+        self.tensor_types = (torch.Tensor, torch.nn.Parameter) if torch is not None else ()
+        self.torch_shared = (torch.dtype, torch.device) if torch is not None else ()
+
+    def value(self, value: Any, parent: str, key: object, depth: int) -> Any:
+        """The copy of ``value``, found at ``key`` in the container at ``parent``."""
+        kind = type(value)
+        if kind in _PLAIN:
+            return value
+        if depth > MAX_DEPTH:
+            raise _Unusual
+        if kind is int:
+            if int.bit_length(value) >= 64:
+                raise _Unusual  # flatten checks its digits
+            return value
+        if kind is dict:
+            path = _join(parent, key)
+            return {self.key(k): self.value(v, path, k, depth + 1) for k, v in value.items()}
+        if kind in self.tensor_types:
+            return self.tensor(value, _join(parent, key))
+        if kind is list:
+            path = _join(parent, key)
+            return [self.value(v, path, i, depth + 1) for i, v in enumerate(value)]
+        if kind is tuple:
+            path = _join(parent, key)
+            return tuple(self.value(v, path, i, depth + 1) for i, v in enumerate(value))
+        return self.other(value, _join(parent, key), depth)
+
+    def other(self, value: Any, path: str, depth: int) -> Any:
+        """The copy of a value of a less common type, in ``flatten``'s order of checks."""
+        if isinstance(value, (_SHARED, self.torch_shared)):
+            return value
+        if isinstance(value, np.generic):
+            if numpy_dtype_name(value.dtype) is None:
+                raise _Unusual
+            return value
+        if type(value) in _ARRAY_TYPES:
+            name = numpy_dtype_name(value.dtype)
+            if name is None:
+                raise _Unusual
+            return self.stage(ArrayLeaf(path, "numpy", name, tuple(value.shape), value))
+        if isinstance(value, (bytearray, memoryview)):
+            return bytes(value)  # a released memoryview raises here: detached_copy names it
+        if is_tensor(value) or isinstance(value, (int, list, tuple, np.ndarray)):
+            raise _Unusual  # subclasses: flatten decides what they become
+        if isinstance(value, Mapping):
+            return {self.key(k): self.value(v, path, k, depth + 1) for k, v in value.items()}
+        if is_stateful(value):
+            return self.other(value.state_dict(), path, depth + 1)
+        if isinstance(value, argparse.Namespace):
+            return argparse.Namespace(**self.other(vars(value), path, depth))
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            twin = copy.copy(value)
+            for field in dataclasses.fields(value):
+                item = self.value(getattr(value, field.name), path, field.name, depth + 1)
+                object.__setattr__(twin, field.name, item)
+            return twin
+        raise _Unusual
+
+    def key(self, key: Any) -> Any:
+        if type(key) is str:
+            return key
+        if isinstance(key, str):
+            return str.__str__(key)
+        if isinstance(key, int) and not isinstance(key, bool) and int.bit_length(key) < 64:
+            return int(key)
+        raise _Unusual
+
+    def tensor(self, tensor: Any, path: str) -> Any:
+        if _is_dtensor(tensor) or _tensor_problem(tensor) is not None:
+            raise _Unusual
+        name = torch_dtype_name(tensor.dtype)
+        if name is None:
+            raise _Unusual
+        same = (tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tensor.stride(), tensor.device)
+        copied = self.tensors.get(same)
+        if copied is not None:
+            return copied  # one tensor saved twice (tied weights): one copy, still shared
+        if tensor.nbytes:
+            start = tensor.data_ptr()
+            last = sum((d - 1) * s for d, s in zip(tensor.shape, tensor.stride(), strict=True))
+            self.spans.append((start, start + (last + 1) * tensor.element_size(), same))
+        copied = self.tensors[same] = self.stage(
+            ArrayLeaf(path, "torch", name, tuple(tensor.shape), tensor)
+        )
+        return copied
+
+    def stage(self, leaf: ArrayLeaf) -> Any:
+        if leaf.path in self.paths:
+            raise _Unusual  # two arrays with one dotted path: flatten refuses it
+        self.paths.add(leaf.path)
+        return self.pool.stage(leaf)
+
+    def overlapping(self) -> bool:
+        """True if two different tensors share memory (a view of another): detached_copy keeps
+        such views as views."""
+        spans = sorted(self.spans, key=lambda s: s[0])
+        return any(b[0] < a[1] for a, b in itertools.pairwise(spans))
+
+
+def _join(parent: str, key: object) -> str:
+    """``flatten``'s dotted path of ``key`` in ``parent`` (the staging buffers are kept by it)."""
+    if key is _ROOT:
+        return parent
+    return f"{parent}.{key}" if parent else str(key)
