@@ -66,9 +66,12 @@ def test_fast_copy_gives_what_detached_copy_gives_and_stays_put() -> None:
 def test_a_second_copy_reuses_the_buffers() -> None:
     pool, state = StagingPool(), _state()
     first = fast_copy(state, pool)
+    with torch.no_grad():
+        state["model"].weight.mul_(2.0)
     second = fast_copy(state, pool)
     assert first is not None and second is not None
     assert second["model"]["weight"].data_ptr() == first["model"]["weight"].data_ptr()
+    assert _tree(second) == _tree(detached_copy(state, StagingPool()))
 
 
 def test_what_fast_copy_cannot_judge_goes_to_detached_copy() -> None:

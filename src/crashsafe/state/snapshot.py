@@ -38,6 +38,7 @@ __all__ = ["fast_copy"]
 
 _SHARED = (type(None), bool, float, str, bytes, pathlib.PurePath, enum.Enum)  # immutable, stored as is
 _ROOT = object()  # the key of the state itself
+_DTYPE_NAMES: dict[Any, str] = {}  # torch dtype -> its manifest name, "" if not stored
 _PLAIN = frozenset({type(None), bool, float, str, bytes})
 
 
@@ -138,20 +139,30 @@ class _Walk:
     def tensor(self, tensor: Any, path: str) -> Any:
         if _is_dtensor(tensor) or _tensor_problem(tensor) is not None:
             raise _Unusual
-        name = torch_dtype_name(tensor.dtype)
+        dtype = tensor.dtype
+        name = _DTYPE_NAMES.get(dtype)
         if name is None:
+            name = _DTYPE_NAMES[dtype] = torch_dtype_name(dtype) or ""
+        if not name:
             raise _Unusual
-        same = (tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tensor.stride(), tensor.device)
+        same = (tensor.data_ptr(), dtype, tuple(tensor.shape), tensor.stride(), tensor.device)
         copied = self.tensors.get(same)
         if copied is not None:
             return copied  # one tensor saved twice (tied weights): one copy, still shared
-        if tensor.nbytes:
-            start = tensor.data_ptr()
-            last = sum((d - 1) * s for d, s in zip(tensor.shape, tensor.stride(), strict=True))
-            self.spans.append((start, start + (last + 1) * tensor.element_size(), same))
-        copied = self.tensors[same] = self.stage(
-            ArrayLeaf(path, "torch", name, tuple(tensor.shape), tensor)
-        )
+        nbytes = tensor.nbytes
+        if nbytes:
+            start = same[0]
+            if not tensor.is_contiguous():
+                last = sum((d - 1) * s for d, s in zip(same[2], same[3], strict=True))
+                nbytes = (last + 1) * tensor.itemsize
+            self.spans.append((start, start + nbytes, same))
+        if path in self.paths:
+            raise _Unusual  # two arrays with one dotted path: flatten refuses it
+        self.paths.add(path)
+        copied = self.pool.restage(path, name, tensor)
+        if copied is None:
+            copied = self.pool.stage(ArrayLeaf(path, "torch", name, same[2], tensor))
+        self.tensors[same] = copied
         return copied
 
     def stage(self, leaf: ArrayLeaf) -> Any:

@@ -55,6 +55,15 @@ class StagingPool:
         tensor = self._slots[leaf.path].tensor
         return tensor if tensor is not None else to_value("torch", leaf.dtype, typed)  # 0 bytes
 
+    def restage(self, path: str, dtype: str, tensor: Any) -> Any | None:
+        """Copy ``tensor`` into the buffer it was staged in at ``path`` by an earlier save of the
+        same dtype and shape and return the copy; None if there is no such buffer (use stage())."""
+        slot = self._slots.get(path)
+        if slot is None or slot.tensor is None or slot.key != ("torch", dtype, tuple(tensor.shape)):
+            return None
+        slot.tensor.copy_(tensor.detach())
+        return slot.tensor
+
     def retain(self, paths: set[str]) -> None:
         """Free the buffers of every path not in ``paths``."""
         for stale in self._slots.keys() - paths:
