@@ -58,6 +58,7 @@ def fast_copy(state: object, pool: StagingPool) -> Any | None:
         return None
     if walk.overlapping():
         return None
+    walk.copy()
     pool.retain(walk.paths)
     return copied
 
@@ -68,6 +69,7 @@ class _Walk:
         self.paths: set[str] = set()
         self.tensors: dict[tuple[Any, ...], Any] = {}  # (address, dtype, shape, stride) -> its copy
         self.spans: list[tuple[int, int, tuple[Any, ...]]] = []
+        self.copies: list[tuple[Any, Any]] = []  # (staged buffer, live tensor)
         torch = loaded_torch()
         self.tensor_types = (torch.Tensor, torch.nn.Parameter) if torch is not None else ()
         self.torch_shared = (torch.dtype, torch.device) if torch is not None else ()
@@ -159,11 +161,28 @@ class _Walk:
         if path in self.paths:
             raise _Unusual  # two arrays with one dotted path: flatten refuses it
         self.paths.add(path)
-        copied = self.pool.restage(path, name, tensor)
-        if copied is None:
+        copied = self.pool.staged(path, name, same[2]) if nbytes else None
+        if copied is not None:
+            self.copies.append((copied, tensor))  # copied at the end, all in one call
+        else:
             copied = self.pool.stage(ArrayLeaf(path, "torch", name, same[2], tensor))
         self.tensors[same] = copied
         return copied
+
+    def copy(self) -> None:
+        """The copies into earlier buffers: one torch call (one release of the GIL, during which
+        another thread could hold it for a switch interval), or one by one off the CPU."""
+        if not self.copies:
+            return
+        targets, sources = zip(*self.copies, strict=True)
+        sources = tuple(t.detach() for t in sources)
+        torch = loaded_torch()
+        foreach = getattr(torch, "_foreach_copy_", None)
+        if foreach is not None and all(t.device.type == "cpu" for t in sources):
+            foreach(list(targets), list(sources))
+        else:
+            for target, source in zip(targets, sources, strict=True):
+                target.copy_(source)
 
     def stage(self, leaf: ArrayLeaf) -> Any:
         if leaf.path in self.paths:

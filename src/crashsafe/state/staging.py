@@ -55,13 +55,12 @@ class StagingPool:
         tensor = self._slots[leaf.path].tensor
         return tensor if tensor is not None else to_value("torch", leaf.dtype, typed)  # 0 bytes
 
-    def restage(self, path: str, dtype: str, tensor: Any) -> Any | None:
-        """Copy ``tensor`` into the buffer it was staged in at ``path`` by an earlier save of the
-        same dtype and shape and return the copy; None if there is no such buffer (use stage())."""
+    def staged(self, path: str, dtype: str, shape: tuple[int, ...]) -> Any | None:
+        """The torch view of the buffer an earlier save staged a tensor of this dtype and shape in
+        at ``path`` (the caller copies into it), or None (use stage())."""
         slot = self._slots.get(path)
-        if slot is None or slot.tensor is None or slot.key != ("torch", dtype, tuple(tensor.shape)):
+        if slot is None or slot.key != ("torch", dtype, shape):
             return None
-        slot.tensor.copy_(tensor.detach())
         return slot.tensor
 
     def retain(self, paths: set[str]) -> None:
