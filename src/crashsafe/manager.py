@@ -305,12 +305,12 @@ class CheckpointManager:
                 info, self._retain,
             )  # fmt: skip
             for old in deleted:
-                self._bases.pop(old, None)
+                self._forget(old)
             return SaveStats(
                 step, stall, time.perf_counter() - begin, manifest.raw_nbytes, manifest.stored_nbytes
             )
         manifest = save_step(store, self._planner, step, committed, tree, leaves, arrays, metrics, info)
-        self._bases[step] = direct_bases(manifest)
+        self._committed(manifest)
         if self._mirror is not None:
             self._mirror.add(step)
         persisted = time.perf_counter() - begin  # durable and committed; retention comes after
@@ -320,8 +320,18 @@ class CheckpointManager:
     def _retain(self, manifest: Manifest) -> list[int]:
         """Rank 0, once a distributed step committed: retention, as for one process."""
         assert self._store is not None
-        self._bases[manifest.step] = direct_bases(manifest)
+        self._committed(manifest)
         return self._apply_retention(self._store, manifest.step)
+
+    def _committed(self, manifest: Manifest) -> None:
+        """Cache what retention needs of a step just committed: its delta bases and facts, taken
+        from its manifest (a step saved again after a deletion must not keep the old one's facts)."""
+        self._bases[manifest.step] = direct_bases(manifest)
+        self._facts[manifest.step] = StepFacts(manifest.created, manifest.metrics)
+
+    def _forget(self, step: int) -> None:
+        self._bases.pop(step, None)
+        self._facts.pop(step, None)
 
     def _apply_retention(self, store: Store, saved: int | None) -> list[int]:
         """Delete what the retention policy drops, except steps a kept step's delta chain needs and
@@ -337,7 +347,7 @@ class CheckpointManager:
     def _delete(self, store: Store, steps: list[int]) -> None:
         delete_steps(store, steps)  # dependants before their bases
         for step in steps:
-            self._bases.pop(step, None)
+            self._forget(step)
 
     def delete(self, steps: Sequence[int]) -> None:
         """Delete committed ``steps`` crash-safely (each is renamed out of view, then removed).

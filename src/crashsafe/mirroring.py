@@ -149,6 +149,8 @@ class Mirror:
         try:
             if step not in self._target.steps():
                 copy_step(self.local, self._target, step)
+                self._bases.pop(step, None)  # a step saved again after a deletion: facts anew
+                self._facts.pop(step, None)
         except NoCheckpointError:
             pass  # gone locally (deleted by the user): nothing to mirror
         except (CrashsafeError, OSError) as exc:
@@ -162,7 +164,11 @@ class Mirror:
     def _prune(self) -> None:
         try:
             target = self._target
-            delete_steps(target, doomed_steps(target, self.keep, self._bases, facts=self._facts))
+            doomed = doomed_steps(target, self.keep, self._bases, facts=self._facts)
+            delete_steps(target, doomed)
+            for step in doomed:
+                self._bases.pop(step, None)
+                self._facts.pop(step, None)
         except (CrashsafeError, OSError) as exc:
             with self._cond:
                 self._errors.append(f"applying retention in {self.remote.location} failed: {exc}")

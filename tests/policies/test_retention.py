@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import crashsafe as cs
@@ -266,6 +266,9 @@ MANAGER_POLICIES = st.one_of(
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(SAVES, st.lists(MANAGER_POLICIES, min_size=1, max_size=3))
+@example(  # step 9 deleted, then saved again with a metric: ranked by the new one, not a cached old one
+    saves=[(0, None), (-1, None), (-1, 0.0), (1, 0.0)], policies=[KeepBest(1, "val", "min", "drop")]
+)
 def test_after_every_save_the_manager_keeps_exactly_what_it_must(
     saves: list[tuple[int, float | None]], policies: list[KeepPolicy]
 ) -> None:
