@@ -193,3 +193,33 @@ def test_damaged_payloads_raise_codec_errors_not_crashes(codec: DeltaCodec, seed
     except CodecError:
         return
     assert out.array.shape == a.shape and out.array.dtype == a.dtype
+
+
+_TIED_CHAIN = """
+import sys, numpy as np
+from crashsafe.codecs import Scar, TopN
+ref = {}
+for codec in (Scar(budget=0.3), TopN(budget=0.3)):
+    reference = None
+    for k in range(4):  # every row moves by the same amount: all ties
+        array = np.full((64, 8), float(k), dtype=np.float32)
+        payload, reference = codec.encode_delta(array, reference)
+        sys.stdout.write(payload.hex() + "\\n")
+"""
+
+
+def test_top_n_choices_are_the_same_on_every_cpu() -> None:
+    """Tied rows and elements go to the lower index, whichever algorithm numpy's argpartition picks
+    for the CPU (AVX-512 machines once chose other tied rows than AVX2 ones, so the bytes written
+    depended on the machine). Here: with and without numpy's AVX-512 kernels, the same bytes."""
+    import os
+    import subprocess
+    import sys
+
+    runs = []
+    for disabled in ("", "X86_V4 AVX512_ICL"):
+        env = {**os.environ, "NPY_DISABLE_CPU_FEATURES": disabled}
+        out = subprocess.run([sys.executable, "-c", _TIED_CHAIN], env=env, capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        runs.append(out.stdout)
+    assert runs[0] == runs[1] and runs[0].count("\n") == 8

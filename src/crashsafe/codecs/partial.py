@@ -105,10 +105,20 @@ def _top_rows(
         rows = np.concatenate((best_rows, moved + start))
         scores = np.concatenate((best_score, score[moved]))
         if rows.size > count:
-            keep = np.argpartition(-scores, count - 1)[:count]
+            keep = _largest(scores, rows, count)
             rows, scores = rows[keep], scores[keep]
         best_rows, best_score = rows, scores
     return np.sort(best_rows)
+
+
+def _largest(scores: np.ndarray[Any, Any], rows: np.ndarray[Any, Any], count: int) -> np.ndarray[Any, Any]:
+    """Positions of the ``count`` largest scores, ties going to the lower row: the same choice on
+    every machine (``argpartition`` leaves ties to its algorithm, which numpy picks by CPU)."""
+    kth = np.partition(scores, scores.size - count)[scores.size - count]  # the count-th largest
+    above = np.flatnonzero(scores > kth)
+    tied = np.flatnonzero(scores == kth)
+    tied = tied[np.argsort(rows[tied], kind="stable")][: count - above.size]
+    return np.concatenate((above, tied))
 
 
 @register_codec
