@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
+from leaving import leave
 
 from crashsafe.manager import CheckpointManager
 from crashsafe.state.rng import RNGState
@@ -89,8 +90,7 @@ def main() -> None:
         arrays.update({f"optim.{i}.{k}": full(v) for k, v in slots.items()})
     if dist.get_rank() == 0:
         np.savez(out, **arrays)
-    dist.barrier()  # leave together: a rank exiting while its peer still holds pairs aborts it
-    dist.destroy_process_group()
+    leave()
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from job import build, full
+from leaving import leave
 
 from crashsafe.manager import CheckpointManager
 from crashsafe.state.rng import RNGState
@@ -38,7 +39,7 @@ def main() -> None:
     if world == 1 or dist.get_rank() == 0:
         np.savez(out, **arrays)
     if world > 1:
-        dist.destroy_process_group()
+        leave()
 
 
 if __name__ == "__main__":
