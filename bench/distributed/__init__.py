@@ -54,6 +54,27 @@ def _available() -> int:
     return int(match.group(1)) * 1024 if match else 0
 
 
+class LaunchFailed(RuntimeError):
+    """A rank of a launch exited with an error or a signal, or the launch overran its timeout."""
+
+
+def launch_once_more(world: int, cfg: dict[str, Any], name: str) -> dict[str, Any]:
+    """:func:`launch`, run a second time if the first fails (the machine is shared); a retried
+    launch says so in its result and in the report. A second failure ends the benchmark."""
+    try:
+        return launch(world, cfg, name)
+    except LaunchFailed as first:
+        print(f"   {first}\n   retrying {name} once", flush=True)
+        for directory in cfg["dirs"].values():  # the failed launch's saves: a retry starts afresh
+            shutil.rmtree(directory, ignore_errors=True)
+        try:
+            result = launch(world, cfg, name)
+        except LaunchFailed as second:
+            raise SystemExit(str(second)) from None
+        result["retried"] = str(first).splitlines()[0]
+        return result
+
+
 def _die_with_launcher() -> None:
     """In each rank, before exec: SIGKILL it if the launcher dies (killed, interrupted), so that no
     rank outlives a launch."""
@@ -121,7 +142,7 @@ def launch(world: int, cfg: dict[str, Any], name: str) -> dict[str, Any]:
     codes = [p.returncode for p, _ in procs]
     if any(codes):
         tail = (WORK / f"{name}.rank0.log").read_text()[-3000:]
-        raise SystemExit(f"launch {name} failed (exit codes {codes}); rank 0's log ends:\n{tail}")
+        raise LaunchFailed(f"launch {name} failed (exit codes {codes}); rank 0's log ends:\n{tail}")
     result: dict[str, Any] = json.loads(Path(cfg["out"]).read_text())
     result["machine_mem"] = {"available_before": before, "lowest_available": lowest}
     return result
@@ -161,7 +182,7 @@ def run_case(kind: str, size: int, worlds: list[int], saves: int, restores: int)
             "restore_rounds": restores,
         }  # fmt: skip
         print(f"-- {kind} {size} MiB, {world} ranks", flush=True)
-        result = launch(world, {**cfg, "restores": wanted}, f"{kind}-{size}-w{world}")
+        result = launch_once_more(world, {**cfg, "restores": wanted}, f"{kind}-{size}-w{world}")
         result["bytes"] = {m: bytes_per_rank(m, Path(dirs[world][m]), world) for m in METHODS}
         case[f"w{world}"] = result
     if len(worlds) > 1:  # the last world's checkpoints, resharded onto the first
@@ -172,7 +193,10 @@ def run_case(kind: str, size: int, worlds: list[int], saves: int, restores: int)
             "restore_rounds": restores,
         }  # fmt: skip
         print(f"-- {kind} {size} MiB, {first} ranks, restoring {last} ranks' checkpoints", flush=True)
-        case[f"w{first}"]["restores"] |= launch(first, cfg, f"{kind}-{size}-w{first}-reshard")["restores"]
+        resharded = launch_once_more(first, cfg, f"{kind}-{size}-w{first}-reshard")
+        case[f"w{first}"]["restores"] |= resharded["restores"]
+        if "retried" in resharded:
+            case[f"w{first}"]["retried_reshard"] = resharded["retried"]
     check_restores(case)
     for world_dirs in dirs.values():
         for d in world_dirs.values():

@@ -260,9 +260,10 @@ def restore_once(method: str, directory: Path, cfg: dict[str, Any]) -> dict[str,
     }
 
 
-def _join() -> None:
-    """Join the job: rank 0 serves the rendezvous store on the socket the launcher bound to
-    127.0.0.1 (so nothing listens on other interfaces); gloo's own sockets are on ``lo``."""
+def _join() -> Any:
+    """Join the job and return its store: rank 0 serves the rendezvous store on the socket the
+    launcher bound to 127.0.0.1 (so nothing listens on other interfaces); gloo's sockets are on
+    ``lo``."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     port, timeout = int(os.environ["MASTER_PORT"]), datetime.timedelta(seconds=300)
     if rank == 0:
@@ -271,13 +272,32 @@ def _join() -> None:
     else:
         store = dist.TCPStore("127.0.0.1", port, world, False, timeout)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
+    return store
+
+
+def _leave(store: Any) -> None:
+    """Leave the job together and exit at once: every rank destroys its groups, then waits on the
+    store until all have, so rank 0 (the store's server) goes last; the interpreter's teardown is
+    skipped, where gloo once aborted a rank whose peers had left ('terminate called without an
+    active exception', SIGABRT, after every crashsafe manager was closed)."""
+    dist.barrier()
+    dist.destroy_process_group()
+    world = int(os.environ["WORLD_SIZE"])
+    store.add("left", 1)
+    deadline = time.monotonic() + 60
+    while store.add("left", 0) < world and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if int(os.environ["RANK"]) == 0:
+        time.sleep(0.5)  # the others' last reads of the store return before its server goes
+    sys.stdout.flush()
+    os._exit(0)
 
 
 def main(config: str) -> None:
     cfg = json.loads(Path(config).read_text())
     warnings.simplefilter("ignore")  # DCP's and FSDP's advice on every call
     torch.set_num_threads(1)
-    _join()
+    store = _join()
     phases.install()
     result: dict[str, Any] = {"saves": {}, "restores": {}}
     if cfg["methods"]:
@@ -296,8 +316,7 @@ def main(config: str) -> None:
             _log(f"restored {label} in {got['time']:.3f} s")
     if dist.get_rank() == 0:
         Path(cfg["out"]).write_text(json.dumps(result))
-    dist.barrier()
-    dist.destroy_process_group()
+    _leave(store)
 
 
 if __name__ == "__main__":

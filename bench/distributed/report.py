@@ -221,6 +221,18 @@ def memory(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _retries(results: dict[str, Any]) -> list[str]:
+    """The launches that failed once and ran again (their figures are the second run's)."""
+    lines = [
+        f"- {case} on {world[1:]} ranks{' (resharded restores)' if key == 'retried_reshard' else ''}: {why}"
+        for case, worlds in results.items()
+        for world, r in worlds.items()
+        for key in ("retried", "retried_reshard")
+        if (why := r.get(key))
+    ]
+    return ["Launches that failed once and were run again:", "", *lines, ""] if lines else []
+
+
 def _reading(results: dict[str, Any]) -> list[str]:
     """What the targets' outcome means, from the figures (no verdict is written by hand)."""
     judged = verdicts(results)
@@ -305,9 +317,12 @@ def report(
         "`CheckpointManager(dir, read_only=True)` + `restore`; DCP `get_state_dict` + `dcp.load` + "
         "`set_state_dict` of what `dcp.save` wrote. **Resharded**: the other world size's checkpoint "
         "(4 ranks' into 2, 2 ranks' into 4). Every restore is checked: the sum of all restored values "
-        "equals the saved one. The page cache is warm (the checkpoint was just written), for both. The "
-        "fresh optimizer has no moments yet, so every restore allocates them (2/3 of the state).",
+        "equals the saved one. The page cache is warm for a same-world restore (the checkpoint was "
+        "just written); a resharded one reads what the previous launch wrote, which later writes may "
+        "have pushed partly out of the page cache, alike for both methods. The fresh optimizer has no "
+        "moments yet, so every restore allocates them (2/3 of the state).",
         "",
+        *_retries(results),
         "## Targets",
         "",
         *_reading(results),
