@@ -94,15 +94,19 @@ class _Directory:
     def backlog(self) -> int:
         return len(self.removed) + len(self.stale)
 
-    def collect(self) -> None:
+    def collect(self, busy: Callable[[], bool] = lambda: False) -> None:
         """Remove the pointers of removed names (durably), then delete their steps and the
-        replaced ones (a crash in between leaves steps no pointer names: dropped at the next open)."""
+        replaced ones, one at a time, stopping when ``busy()`` (a save is waiting); a crash in
+        between leaves steps no pointer names, dropped at the next open."""
         for name in sorted(self.removed):
             remove_pointer(self.path / name)
             self.stale.update(s for s, n in self.names.items() if n == name)
         self.removed.clear()
-        stale, self.stale = self.stale, set()
-        self.delete(sorted(stale))
+        for step in sorted(self.stale, reverse=True):
+            if busy():
+                return
+            self.stale.discard(step)
+            self.delete([step])
 
     def delete(self, steps: Sequence[int]) -> None:
         """Delete ``steps`` (and earlier ones held back), newest first; a step that a kept step's
@@ -328,7 +332,7 @@ class CrashsafeCheckpointIO(CheckpointIO):
             held = self._directory(directory)
             work(held)
             if self._started == self._submitted or held.backlog > _BACKLOG:
-                held.collect()
+                held.collect(busy=lambda: self._submitted > self._started and held.backlog <= _BACKLOG)
 
         self._submitted += 1
         future = self._executor.submit(run)
