@@ -304,8 +304,7 @@ class CheckpointManager:
                 self._collective.coord, store, self._planner, step, committed, tree, leaves, arrays, metrics,
                 info, self._retain,
             )  # fmt: skip
-            for old in deleted:
-                self._forget(old)
+            self._forget(deleted)
             return SaveStats(
                 step, stall, time.perf_counter() - begin, manifest.raw_nbytes, manifest.stored_nbytes
             )
@@ -324,14 +323,14 @@ class CheckpointManager:
         return self._apply_retention(self._store, manifest.step)
 
     def _committed(self, manifest: Manifest) -> None:
-        """Cache what retention needs of a step just committed: its delta bases and facts, taken
-        from its manifest (a step saved again after a deletion must not keep the old one's facts)."""
+        """Cache a committed step's delta bases and facts from its manifest (a re-saved step's anew)."""
         self._bases[manifest.step] = direct_bases(manifest)
         self._facts[manifest.step] = StepFacts(manifest.created, manifest.metrics)
 
-    def _forget(self, step: int) -> None:
-        self._bases.pop(step, None)
-        self._facts.pop(step, None)
+    def _forget(self, steps: Sequence[int]) -> None:
+        for step in steps:
+            self._bases.pop(step, None)
+            self._facts.pop(step, None)
 
     def _apply_retention(self, store: Store, saved: int | None) -> list[int]:
         """Delete what the retention policy drops, except steps a kept step's delta chain needs and
@@ -346,8 +345,7 @@ class CheckpointManager:
 
     def _delete(self, store: Store, steps: list[int]) -> None:
         delete_steps(store, steps)  # dependants before their bases
-        for step in steps:
-            self._forget(step)
+        self._forget(steps)
 
     def delete(self, steps: Sequence[int]) -> None:
         """Delete committed ``steps`` crash-safely (each is renamed out of view, then removed).
