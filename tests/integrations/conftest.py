@@ -12,9 +12,12 @@ import random
 import signal
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
+
+from crashsafe.storage.layout import committed_steps
 
 _CTX = multiprocessing.get_context("forkserver")
 _CTX.set_forkserver_preload(
@@ -40,20 +43,29 @@ def run_to_end(main: Callable[[list[str]], int], argv: list[str], timeout: float
     assert process.exitcode == 0, f"{main.__module__} {argv} exited with {process.exitcode}"
 
 
-def kill_and_resume(
-    main: Callable[[list[str]], int], argv: list[str], saved: Callable[[], bool], kills: int, seed: int
+def kill_after_commits(
+    main: Callable[[list[str]], int], argv: list[str], store: Path, kills: int, rng: random.Random
 ) -> int:
-    """Start ``main(argv)`` ``kills`` times and SIGKILL it at a random moment once ``saved()`` (a
-    checkpoint exists), then run it to the end; return how many runs were really killed."""
-    rng = random.Random(seed)
+    """Start ``main(argv)`` ``kills`` times and SIGKILL it a few ms after its 1st-4th new commit in
+    ``store`` (so the kill lands in training, a staging copy or the next background commit, never
+    after the run ended: a tiny run takes well under a second), then run it to the end; return how
+    many runs were really killed."""
+
+    def newest() -> int:
+        steps = committed_steps(store)
+        return steps[-1] if steps else -1
+
     killed = 0
     for _ in range(kills):
+        seen = {newest()}
+        wanted = len(seen) + rng.randint(1, 4)
         process = _CTX.Process(target=main, args=(argv,))
         process.start()
         deadline = time.monotonic() + 120
-        while not saved() and process.is_alive() and time.monotonic() < deadline:
-            time.sleep(0.02)
-        time.sleep(rng.uniform(0.0, 1.0))
+        while len(seen) < wanted and process.is_alive() and time.monotonic() < deadline:
+            seen.add(newest())
+            time.sleep(0.002)
+        time.sleep(rng.uniform(0.0, 0.03))
         if process.is_alive():
             os.kill(process.pid, signal.SIGKILL)
             killed += 1

@@ -6,8 +6,6 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import signal
-import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -22,10 +20,9 @@ import crashsafe as cs
 from crashsafe.cli.app import app
 from crashsafe.integrations import lightning as cs_lightning
 from crashsafe.integrations.pointer import MESSAGE, STORE
-from crashsafe.storage.layout import committed_steps
 from crashsafe.workloads import lightning_digits as job
 
-from .conftest import _CTX, run_to_end
+from .conftest import kill_after_commits, run_to_end
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
 
@@ -140,41 +137,13 @@ def test_a_damaged_checkpoint_falls_back(tmp_path: Path) -> None:
     assert loaded["global_step"] == 8  # epoch=0-step=8.ckpt holds the same step
 
 
-def _newest(store: Path) -> int:
-    steps = committed_steps(store)
-    return steps[-1] if steps else -1
-
-
-def _kill_after_saves(argv: list[str], store: Path, kills: int, rng: random.Random) -> int:
-    """Start the job ``kills`` times and SIGKILL it a few ms after its 1st-4th new commit (so the
-    kill lands in training, a staging copy or the next background commit, never after the run
-    ended), then run it to the end; return how many runs were really killed."""
-    killed = 0
-    for _ in range(kills):
-        seen = {_newest(store)}
-        wanted = len(seen) + rng.randint(1, 4)
-        process = _CTX.Process(target=job.main, args=(argv,))
-        process.start()
-        deadline = time.monotonic() + 120
-        while len(seen) < wanted and process.is_alive() and time.monotonic() < deadline:
-            seen.add(_newest(store))
-            time.sleep(0.002)
-        time.sleep(rng.uniform(0.0, 0.03))
-        if process.is_alive():
-            os.kill(process.pid, signal.SIGKILL)
-            killed += 1
-        process.join()
-    run_to_end(job.main, argv)
-    return killed
-
-
 @pytest.mark.parametrize("mode", ["plugin", "callback"])
 def test_sigkilled_runs_resume_bit_identical(tmp_path: Path, mode: str) -> None:
     steps = ["--steps", "60", "--every", "3", "--mode", mode]
     run_to_end(job.main, [str(tmp_path / "whole"), *steps])
     killed = tmp_path / "killed"
     store = killed / STORE if mode == "plugin" else killed / "managed"
-    kills = _kill_after_saves([str(killed), *steps], store, kills=3, rng=random.Random(os.urandom(2)))
+    kills = kill_after_commits(job.main, [str(killed), *steps], store, 3, random.Random(os.urandom(2)))
     assert kills == 3
     assert (killed / "final.txt").read_text() == (tmp_path / "whole" / "final.txt").read_text()
     assert cs.verify(store).ok
