@@ -224,6 +224,19 @@ def machine() -> str:
     return f"{os.cpu_count()} cores ({cpu}), {system}"
 
 
+def write(out: Path, results: dict[str, Any], meta: dict[str, Any], figure: bool) -> str:
+    """The report (markdown), its figure and the raw figures (JSON, with how they were made)."""
+    text = report(results, meta["command"], meta["machine"], meta["elapsed"], meta["repeats"], meta["load"])
+    text = text.replace("{when}", meta["when"])
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "distributed.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    if figure:
+        plot(results, out / "distributed.png")
+        text += "\n![stall and durable commit](distributed.png)\n"
+    (out / "distributed.md").write_text(text)
+    return text
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench distributed")
     parser.add_argument("--quick", action="store_true", help="256 MiB on 2 ranks only (no resharding)")
@@ -232,7 +245,14 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--sizes", type=int, nargs="+", help="total state sizes in MiB (256 1024)")
     parser.add_argument("--worlds", type=int, nargs="+", help="rank counts (2 4); the first and last reshard")
     parser.add_argument("--kinds", nargs="+", choices=["ddp", "fsdp"], default=["ddp", "fsdp"])
+    parser.add_argument(
+        "--report-only", action="store_true", help="rewrite the report from bench/results/distributed.json"
+    )
     args = parser.parse_args(argv)
+    if args.report_only:  # the same figures, the report's text and figure made again
+        saved = json.loads((RESULTS / "distributed.json").read_text())
+        print(write(RESULTS, saved["results"], saved["meta"], figure=True))
+        return
     sizes = args.sizes or ([256] if args.quick else [256, 1024])
     worlds = args.worlds or ([2] if args.quick else [2, 4])
     partial = args.quick or args.sizes or args.worlds or args.kinds != ["ddp", "fsdp"]
@@ -252,16 +272,13 @@ def main(argv: list[str]) -> None:
         f"{'/'.join(f'{x:.2f}' for x in load_before)} at the start, "
         f"{'/'.join(f'{x:.2f}' for x in load_after)} at the end (1/5/15 min)"
     )
-    text = report(results, command.strip(), machine(), elapsed, (args.saves, args.restores), load)
+    meta = {
+        "command": command.strip(), "machine": machine(), "when": time.strftime("%Y-%m-%d %H:%M %Z"),
+        "elapsed": elapsed, "repeats": [args.saves, args.restores], "load": load,
+    }  # fmt: skip
     shutil.rmtree(WORK, ignore_errors=True)
     # a partial run (--quick, a subset) is a smoke test: kept beside the scratch space, never
     # over the committed results
     out = RESULTS if not partial else WORK.parent
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "distributed.json").write_text(json.dumps(results, indent=1))
-    if not partial:
-        plot(results, out / "distributed.png")
-        text += "\n![stall and durable commit](distributed.png)\n"
-    (out / "distributed.md").write_text(text)
-    print(text)
+    print(write(out, results, meta, figure=not partial))
     print(f"written to {out / 'distributed.md'}", flush=True)
