@@ -92,6 +92,7 @@ def main() -> None:
         accuracy = (model(x_all).argmax(1) == y_all).float().mean()
     if rank == 0:
         print(f"training accuracy {float(accuracy):.3f}", flush=True)
+    dist.barrier()  # leave together: gloo can abort a rank whose peer tears down its pairs first
     dist.destroy_process_group()
 
 
