@@ -179,8 +179,8 @@ class CheckpointManager:
             self._mirror.report()
             self._mirror.retry()
         self._check_store(store, f"saving step {step}")
-        committed = frozenset(store.steps())
-        if step in committed:
+        committed = frozenset(self._collective.steps(store) if self._collective else store.steps())
+        if step in committed:  # distributed: rank 0's listing, or a late rank skips the replacement
             self._replace_damaged(store, step)
             committed -= {step}
         saved_metrics = clean_metrics(metrics)

@@ -18,6 +18,7 @@ import crashsafe as cs
 from .conftest import assert_fits, check_json, invoke
 
 SCRIPT = Path(__file__).parent / "scripts" / "fsdp_save.py"
+LEAVING = Path(__file__).parents[1] / "distributed" / "scripts"  # leaving.py: the ranks leave together
 
 
 def _free_port() -> int:
@@ -37,6 +38,7 @@ def sharded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         env = {
             **os.environ, "RANK": str(rank), "WORLD_SIZE": "2",
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": os.pathsep.join([str(LEAVING), os.environ.get("PYTHONPATH", "")]),
         }  # fmt: skip
         command = [sys.executable, str(SCRIPT), str(tmp / "ckpt"), str(tmp / "full.npz")]
         procs.append(

@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import torch
 import torch.distributed as dist
+from leaving import leave
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
@@ -41,7 +42,7 @@ def main() -> None:
     full = {k: v.full_tensor().detach().numpy() for k, v in model.state_dict().items()}
     if rank == 0:
         np.savez(out, **full)
-    dist.destroy_process_group()
+    leave()
 
 
 if __name__ == "__main__":
