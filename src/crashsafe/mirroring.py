@@ -147,6 +147,8 @@ class Mirror:
 
     def _mirror(self, step: int) -> None:
         try:
+            if step in self._target.steps() and not self._same(step):
+                self._drop_stale(step)
             if step not in self._target.steps():
                 copy_step(self.local, self._target, step)
                 self._bases.pop(step, None)  # a step saved again after a deletion: facts anew
@@ -160,6 +162,26 @@ class Mirror:
             return
         with self._cond:
             self._pending.discard(step)
+
+    def _same(self, step: int) -> bool:
+        """Whether the mirror's ``step`` is the local one (not an older save of that step number,
+        which a run that rewound, after its local copy was deleted, saved again)."""
+        with StepReader(self.local, step) as mine, StepReader(self._target, step) as theirs:
+            a, b = mine.manifest, theirs.manifest
+            return a.created == b.created and [e.xxh3 for e in a.payloads] == [e.xxh3 for e in b.payloads]
+
+    def _drop_stale(self, step: int) -> None:
+        """Delete the mirror's older save of ``step``, unless a mirrored step needs it as a delta base."""
+        others = set(self._target.steps()) - {step}
+        if step in protected_steps(self._target, others, self._bases):
+            raise CrashsafeError(
+                f"the mirror's step {step} is an older save than the local one, and mirrored steps "
+                "need it as a delta base: the local step is not mirrored. Delete the mirror's later "
+                "steps (crashsafe gc on the mirror) to let it through"
+            )
+        delete_steps(self._target, [step])
+        self._bases.pop(step, None)
+        self._facts.pop(step, None)
 
     def _prune(self) -> None:
         try:

@@ -137,3 +137,19 @@ def test_a_mirror_outage_never_stops_training(
         assert mgr.wait_mirror(timeout=60)
     remote = cs.CheckpointManager(mirror, storage_options=options, read_only=True)
     assert remote.steps() == [1, 2, 3, 4] and cs.verify(mirror, storage_options=options).ok
+
+
+def test_a_step_saved_again_after_a_rewind_replaces_the_mirrors_older_save(tmp_path: Path) -> None:
+    """Step 1 is deleted locally (keep_last=1) but kept in the mirror; the run rewinds and saves
+    step 1 again with other contents: the mirror must hold the new save, not keep its old one."""
+    mirror = f"file://{tmp_path / 'remote'}"
+    with cs.CheckpointManager(tmp_path / "local", keep_last=1, mirror=mirror) as mgr:
+        mgr.save(1, _state(1))
+        mgr.save(2, _state(2))
+        assert mgr.wait_mirror(timeout=60)
+        mgr.save(1, _state(100))  # the rewound run's step 1
+        assert mgr.wait_mirror(timeout=60)
+    remote = cs.CheckpointManager(mirror, read_only=True)
+    assert remote.steps() == [1, 2]
+    _is(remote.load(1), 100)
+    _is(remote.load(2), 2)
