@@ -147,9 +147,11 @@ class Mirror:
 
     def _mirror(self, step: int) -> None:
         try:
-            if step in self._target.steps() and not self._same(step):
+            there = step in self._target.steps()
+            if there and not self._same(step):
                 self._drop_stale(step)
-            if step not in self._target.steps():
+                there = False
+            if not there:
                 copy_step(self.local, self._target, step)
                 self._bases.pop(step, None)  # a step saved again after a deletion: facts anew
                 self._facts.pop(step, None)
