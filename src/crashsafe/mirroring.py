@@ -17,12 +17,12 @@ import time
 import warnings
 
 from crashsafe.chain import doomed_steps, protected_steps
-from crashsafe.errors import CrashsafeError, MirrorWarning, NoCheckpointError
+from crashsafe.errors import CorruptCheckpointError, CrashsafeError, MirrorWarning, NoCheckpointError
 from crashsafe.format.manifest import Manifest, PayloadEntry
 from crashsafe.policies.keep import KeepPolicy, StepFacts
 from crashsafe.storage.background import lower_thread_priority
 from crashsafe.storage.base import Lock, Store
-from crashsafe.storage.reader import StepReader
+from crashsafe.storage.reader import StepReader, read_manifest
 from crashsafe.storage.writer import StepWriter, delete_steps
 
 __all__ = ["Mirror", "copy_step"]
@@ -153,8 +153,7 @@ class Mirror:
                 there = False
             if not there:
                 copy_step(self.local, self._target, step)
-                self._bases.pop(step, None)  # a step saved again after a deletion: facts anew
-                self._facts.pop(step, None)
+                self._forget([step])  # a step saved again after a deletion: facts anew
         except NoCheckpointError:
             pass  # gone locally (deleted by the user): nothing to mirror
         except (CrashsafeError, OSError) as exc:
@@ -167,10 +166,15 @@ class Mirror:
 
     def _same(self, step: int) -> bool:
         """Whether the mirror's ``step`` is the local one (not an older save of that step number,
-        which a run that rewound, after its local copy was deleted, saved again)."""
-        with StepReader(self.local, step) as mine, StepReader(self._target, step) as theirs:
-            a, b = mine.manifest, theirs.manifest
-            return a.created == b.created and [e.xxh3 for e in a.payloads] == [e.xxh3 for e in b.payloads]
+        which a run that rewound, after its local copy was deleted, saved again, nor a damaged one)."""
+        mine = read_manifest(self.local, step)
+        try:
+            theirs = read_manifest(self._target, step)
+        except CorruptCheckpointError:
+            return False
+        return mine.created == theirs.created and [e.xxh3 for e in mine.payloads] == [
+            e.xxh3 for e in theirs.payloads
+        ]
 
     def _drop_stale(self, step: int) -> None:
         """Delete the mirror's older save of ``step``, unless a mirrored step needs it as a delta base."""
@@ -182,17 +186,20 @@ class Mirror:
                 "steps (crashsafe gc on the mirror) to let it through"
             )
         delete_steps(self._target, [step])
-        self._bases.pop(step, None)
-        self._facts.pop(step, None)
+        self._forget([step])
+
+    def _forget(self, steps: list[int]) -> None:
+        """Drop what the caches know of steps deleted or replaced in the mirror."""
+        for step in steps:
+            self._bases.pop(step, None)
+            self._facts.pop(step, None)
 
     def _prune(self) -> None:
         try:
             target = self._target
             doomed = doomed_steps(target, self.keep, self._bases, facts=self._facts)
             delete_steps(target, doomed)
-            for step in doomed:
-                self._bases.pop(step, None)
-                self._facts.pop(step, None)
+            self._forget(doomed)
         except (CrashsafeError, OSError) as exc:
             with self._cond:
                 self._errors.append(f"applying retention in {self.remote.location} failed: {exc}")
