@@ -16,12 +16,16 @@ from typing import Any
 PHASES: dict[tuple[str, str, str], str] = {
     ("crashsafe.manager", "", "flatten"): "stall: of which walking the state (state_dict, optimizer)",
     ("crashsafe.state.staging", "StagingPool", "capture"): "stall: of which the copy into staging",
-    ("crashsafe.distributed.saving", "", "_offer"): "hash every array (replica fingerprints)",
+    (
+        "crashsafe.manager",
+        "",
+        "plan_step",
+    ): "stall: of which planning (hash every array where it lives, gather the offers)",
     (
         "crashsafe.distributed.group",
         "Coordinator",
         "all_gather",
-    ): "all_gather offers + reports (waits for the slowest rank)",
+    ): "all_gather offers (in the stall) + reports (waits for the slowest rank)",
     (
         "crashsafe.distributed.saving",
         "",

@@ -25,8 +25,8 @@ def state_bytes(size_mib: int) -> int:
 
 
 PHASE_KEYS = {
-    "hash": "hash every array (replica fingerprints)",
-    "gather": "all_gather offers + reports (waits for the slowest rank)",
+    "hash": "stall: of which planning (hash every array where it lives, gather the offers)",
+    "gather": "all_gather offers (in the stall) + reports (waits for the slowest rank)",
     "write": "write this rank's part (encode, write, checksum, fsync)",
     "commit": "commit on rank 0 + broadcast of its outcome",
 }

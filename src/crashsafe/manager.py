@@ -23,6 +23,7 @@ from crashsafe._metrics import clean_metrics
 from crashsafe.chain import direct_bases, doomed_steps, protected_steps
 from crashsafe.distributed.collective import collective_for
 from crashsafe.distributed.group import DEFAULT_TIMEOUT
+from crashsafe.distributed.saving import StepPlan, plan_step
 from crashsafe.distributed.saving import save_step as save_collective
 from crashsafe.encoding import CodecSpec, SavePlanner
 from crashsafe.errors import (
@@ -179,21 +180,21 @@ class CheckpointManager:
             self._mirror.report()
             self._mirror.retry()
         self._check_store(store, f"saving step {step}")
-        committed = frozenset(self._collective.steps(store) if self._collective else store.steps())
+        cleaned = clean_metrics(metrics)
+        tree, leaves = flatten(state)
+        planned = plan_step(self._collective.coord, store, leaves) if self._collective else None
+        committed = planned.committed if planned else frozenset(store.steps())
         if step in committed:  # distributed: rank 0's listing, or a late rank skips the replacement
             self._replace_damaged(store, step)
             committed -= {step}
-        saved_metrics = clean_metrics(metrics)
-        tree, leaves = flatten(state)
-        arrays = (
-            self._pool.capture(leaves) if self._pool is not None else [view_bytes(leaf) for leaf in leaves]
-        )
+        staged = [leaves[i] for i in planned.writes] if planned else leaves  # a rank stages what it writes
+        arrays = [view_bytes(leaf) for leaf in staged] if self._pool is None else self._pool.capture(staged)
         stall = time.perf_counter() - begin
         self._stalled += stall
         self._last_save = (step, self._train_time())
 
         def persist() -> SaveStats:
-            return self._persist(store, step, committed, tree, leaves, arrays, saved_metrics, stall)
+            return self._persist(store, step, planned or committed, tree, leaves, arrays, cleaned, stall)
 
         if self._executor is None:  # sync: the loop also waits for the write and the commit
             stats = persist()
@@ -290,7 +291,7 @@ class CheckpointManager:
         self,
         store: Store,
         step: int,
-        committed: frozenset[int],
+        committed: frozenset[int] | StepPlan,  # a distributed save: what the ranks agreed
         tree: dict[str, Any],
         leaves: list[ArrayLeaf],
         arrays: list[np.ndarray[Any, Any]],
@@ -299,28 +300,27 @@ class CheckpointManager:
     ) -> SaveStats:
         begin = time.perf_counter()
         info = {"crashsafe": _VERSION}
-        if self._collective is not None:
-            manifest, deleted = save_collective(
+        if isinstance(committed, StepPlan):
+            assert self._collective is not None
+            manifest = save_collective(
                 self._collective.coord, store, self._planner, step, committed, tree, leaves, arrays, metrics,
                 info, self._retain,
             )  # fmt: skip
-            self._forget(deleted)
-            return SaveStats(
-                step, stall, time.perf_counter() - begin, manifest.raw_nbytes, manifest.stored_nbytes
-            )
-        manifest = save_step(store, self._planner, step, committed, tree, leaves, arrays, metrics, info)
-        self._committed(manifest)
-        if self._mirror is not None:
-            self._mirror.add(step)
-        persisted = time.perf_counter() - begin  # durable and committed; retention comes after
-        self._apply_retention(store, step)
+            persisted = time.perf_counter() - begin  # committed for every rank; rank 0 applied retention
+        else:
+            manifest = save_step(store, self._planner, step, committed, tree, leaves, arrays, metrics, info)
+            self._committed(manifest)
+            if self._mirror is not None:
+                self._mirror.add(step)
+            persisted = time.perf_counter() - begin  # durable and committed; retention comes after
+            self._apply_retention(store, step)
         return SaveStats(step, stall, persisted, manifest.raw_nbytes, manifest.stored_nbytes)
 
-    def _retain(self, manifest: Manifest) -> list[int]:
+    def _retain(self, manifest: Manifest) -> None:
         """Rank 0, once a distributed step committed: retention, as for one process."""
         assert self._store is not None
         self._committed(manifest)
-        return self._apply_retention(self._store, manifest.step)
+        self._apply_retention(self._store, manifest.step)
 
     def _committed(self, manifest: Manifest) -> None:
         """Cache a committed step's delta bases and facts from its manifest (a re-saved step's anew)."""

@@ -1,11 +1,16 @@
 """One distributed step: every rank writes its part, rank 0 commits the whole, or nobody does.
 
-In each rank's background persist thread:
+1. on the training thread, before the snapshot (:func:`plan_step`): every rank hashes its arrays
+   where they live and offers them (path, fingerprint, bytes); rank 0 adds its listing of the
+   committed steps and names the attempt; from the gathered offers every rank computes the same
+   plan (:mod:`crashsafe.distributed.plan`) and then stages only the arrays it writes (a DDP rank
+   copies 1/N of its replica, not all of it);
 
-1. every rank offers its arrays (path, fingerprint, bytes) and rank 0 names the attempt; from the
-   gathered offers every rank computes the same plan (:mod:`crashsafe.distributed.plan`);
+In each rank's background persist thread (:func:`save_step`):
+
 2. each rank encodes and writes the arrays it was given into its own file of the step's shared
-   temporary place, and makes it durable;
+   temporary place, and makes it durable (a raw payload's checksum is the hash taken in step 1:
+   its bytes are hashed once, where they live, so a faulty copy is caught when it is read);
 3. every rank's payload entries, tree and file sizes go to rank 0, which writes the global manifest
    (per-rank trees pointing at the payloads they use) and commits it with the store's protocol
    (rename, or manifest last), then applies retention;
@@ -22,28 +27,61 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import xxhash
 
 from crashsafe.distributed.group import Coordinator
-from crashsafe.distributed.plan import Offer, assign
+from crashsafe.distributed.plan import Offer, Plan, assign
 from crashsafe.encoding import SavePlanner
 from crashsafe.errors import CoordinationError, CrashsafeError
 from crashsafe.format.manifest import Manifest, PayloadEntry
 from crashsafe.loading import ARRAY_NODES
+from crashsafe.state.staging import view_bytes
 from crashsafe.state.tree import ArrayLeaf
 from crashsafe.storage.base import Store
 from crashsafe.storage.writer import StepWriter
 
-__all__ = ["save_step"]
+__all__ = ["StepPlan", "plan_step", "save_step"]
 
 
-def _offer(leaf: ArrayLeaf, array: np.ndarray[Any, Any]) -> Offer:
-    digest = xxhash.xxh3_64(array.reshape(-1).view(np.uint8).data)
-    digest.update(repr((leaf.kind, leaf.dtype, leaf.shape, leaf.shard)).encode())
-    return Offer(leaf.path, digest.hexdigest(), leaf.nbytes)
+@dataclass(frozen=True)
+class StepPlan:
+    """What every rank agreed before its snapshot: the committed steps (rank 0's listing), the
+    attempt's name, who writes what, and the xxh3 of this rank's arrays' bytes."""
+
+    committed: frozenset[int]
+    attempt: str
+    plan: Plan
+    writes: list[int]  # indices of this rank's arrays that it writes (and so stages)
+    digests: list[str]
+
+
+def plan_step(coord: Coordinator, store: Store, leaves: list[ArrayLeaf]) -> StepPlan:
+    """Hash every array where it lives, gather the offers and rank 0's listing, plan the writes.
+    One exchange, on the training thread: every rank waits for the others to reach the save."""
+    digests, offers = [], []
+    for leaf in leaves:
+        digest = xxhash.xxh3_64(view_bytes(leaf).reshape(-1).view(np.uint8).data)
+        digests.append(digest.hexdigest())
+        digest.update(repr((leaf.kind, leaf.dtype, leaf.shape, leaf.shard)).encode())
+        offers.append(Offer(leaf.path, digest.hexdigest(), leaf.nbytes))
+    listing: Any = None
+    if coord.leader:
+        try:
+            listing = ("ok", (frozenset(store.steps()), secrets.token_hex(8)))
+        except Exception as exc:  # every rank must hear of it, or the others would wait forever
+            listing = ("error", exc)
+    gathered = coord.all_gather((listing, offers), "planning a save")
+    outcome = gathered[0][0]
+    if outcome[0] == "error":
+        error = outcome[1]
+        raise error if isinstance(error, Exception) else CoordinationError(str(error))
+    committed, attempt = outcome[1]
+    plan = assign([rank_offers for _, rank_offers in gathered])
+    return StepPlan(committed, attempt, plan, plan.writes(coord.rank), digests)
 
 
 def save_step(
@@ -51,39 +89,35 @@ def save_step(
     store: Store,
     planner: SavePlanner,
     step: int,
-    committed: frozenset[int],
+    planned: StepPlan,
     tree: dict[str, Any],
     leaves: list[ArrayLeaf],
     arrays: list[np.ndarray[Any, Any]],
     metrics: dict[str, Any],
     info: dict[str, Any],
-    retain: Callable[[Manifest], list[int]],
-) -> tuple[Manifest, list[int]]:
-    """Save this rank's part of ``step`` and commit the whole with the other ranks; return the
-    committed manifest and the steps retention deleted (the same on every rank)."""
-    token = secrets.token_hex(8) if coord.leader else None
-    offers = [_offer(leaf, array) for leaf, array in zip(leaves, arrays, strict=True)]
-    gathered = coord.all_gather((token, offers), f"planning step {step}")
-    attempt = gathered[0][0]
-    plan = assign([rank_offers for _, rank_offers in gathered])
-    writer, entries, problem = _write_part(
-        coord, store, planner, step, committed, leaves, arrays, plan, attempt
-    )
+    retain: Callable[[Manifest], None],
+) -> Manifest:
+    """Save this rank's part of ``step`` (``arrays``: the snapshot of the arrays it writes, in
+    ``planned.writes`` order) and commit the whole with the other ranks; return the committed
+    manifest (the same on every rank)."""
+    committed = planned.committed - {step}  # a damaged step saved again was deleted first
+    writer, entries, problem = _write_part(coord, store, planner, step, committed, leaves, arrays, planned)
     reports = coord.all_gather(
         (problem, {i: e.to_json() for i, e in entries.items()}, tree, writer.files() if writer else {}),
         f"committing step {step}",
     )
 
-    def commit() -> tuple[Manifest, list[int]]:
+    def commit() -> Manifest:
         failed = [f"rank {r}: {report[0]}" for r, report in enumerate(reports) if report[0] is not None]
         if failed:
             raise CoordinationError(
                 f"step {step} was not committed: " + "; ".join(failed) + ". Committed checkpoints are intact"
             )
         assert writer is not None
-        manifest = _global_manifest(step, reports, plan.writer, metrics, info)
+        manifest = _global_manifest(step, reports, planned.plan.writer, metrics, info)
         writer.commit(manifest)
-        return manifest, retain(manifest)
+        retain(manifest)
+        return manifest
 
     try:
         outcome = coord.agree(commit, f"committing step {step}")
@@ -108,19 +142,19 @@ def _write_part(
     committed: frozenset[int],
     leaves: list[ArrayLeaf],
     arrays: list[np.ndarray[Any, Any]],
-    plan: Any,
-    attempt: str,
+    planned: StepPlan,
 ) -> tuple[StepWriter | None, dict[int, PayloadEntry], str | None]:
     """Write the arrays the plan gives this rank; a failure is returned, not raised, so that the
     other ranks hear of it at the next exchange instead of waiting for this one."""
     writer = None
     entries: dict[int, PayloadEntry] = {}
     try:
-        writer = StepWriter(store, step, attempt=attempt, part=f"r{coord.rank}")
-        for i in plan.writes(coord.rank):
-            leaf, array = leaves[i], arrays[i]
+        writer = StepWriter(store, step, attempt=planned.attempt, part=f"r{coord.rank}")
+        for i, array in zip(planned.writes, arrays, strict=True):
+            leaf = leaves[i]
             encoded = planner.encode(leaf, array, step, committed)
-            file, offset, nbytes, digest = writer.write_payload(encoded.payload)
+            hashed = planned.digests[i] if encoded.codec.codec_id == "raw" else None  # the same bytes
+            file, offset, nbytes, digest = writer.write_payload(encoded.payload, hashed)
             config = encoded.codec.get_config()
             shard = None if leaf.shard is None else (leaf.shard.global_shape, leaf.shard.offset)
             entries[i] = PayloadEntry(

@@ -36,19 +36,22 @@ class StepWriter:
         self._draft = store.begin(step, attempt=attempt, part=part)
         self._first = True
 
-    def write_payload(self, data: BytesLike) -> tuple[str, int, int, str]:
-        """Append one encoded payload; return (file, offset, nbytes, xxh3 hex)."""
+    def write_payload(self, data: BytesLike, hashed: str | None = None) -> tuple[str, int, int, str]:
+        """Append one encoded payload; return (file, offset, nbytes, xxh3 hex). ``hashed``: the
+        payload's xxh3 hex, when the caller already hashed these very bytes (not hashed again)."""
         view = memoryview(data).cast("B")
         # hash on another core while this one writes (both release the GIL)
-        digest = _HASHER.submit(xxhash.xxh3_64_hexdigest, view) if len(view) > _HASH_ASYNC_MIN else None
+        in_parallel = hashed is None and len(view) > _HASH_ASYNC_MIN
+        digest = _HASHER.submit(xxhash.xxh3_64_hexdigest, view) if in_parallel else None
         try:
             file, offset = self._draft.write(view)
         finally:
-            hexdigest = digest.result() if digest is not None else xxhash.xxh3_64_hexdigest(view)
+            if hashed is None:
+                hashed = digest.result() if digest is not None else xxhash.xxh3_64_hexdigest(view)
         if self._first and len(view) > 0:
             self._first = False
             faults.reached("mid_data")
-        return file, offset, len(view), hexdigest
+        return file, offset, len(view), hashed
 
     def files(self) -> dict[str, int]:
         """The data files written so far and their sizes (the manifest's file table)."""
