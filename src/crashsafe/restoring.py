@@ -28,7 +28,7 @@ from typing import Any
 
 from crashsafe.chain import ChainReader
 from crashsafe.distributed.collective import Collective
-from crashsafe.distributed.shards import live_targets
+from crashsafe.distributed.shards import Targets, box_jobs, fill_from, live_targets
 from crashsafe.errors import CrashsafeError
 from crashsafe.format.manifest import PayloadEntry
 from crashsafe.loading import array_ids, holding, newest, read_value, reading_error, state_of
@@ -62,25 +62,23 @@ def restore_into(
 ) -> int | None:
     """Restore ``step`` (None: the newest intact one, falling back past damaged ones) into the live
     ``state`` in place; return its step, or None if there is no step at all. A distributed manager's
-    ranks (``collective``) read their parts whole, each the boxes of its live DTensors, and then
-    copy them in, all falling back together."""
-    if collective is not None:
-        loaded = collective.load(stores[0], step, False, live_targets(state, flatten(state)[1]))
-        if loaded is None:
-            return None
-        check_into(state, loaded[1])  # a mismatch raises before anything live is changed
-        apply_into(state, loaded[1])
-        return loaded[0]
-    if step is not None:
-        restore_step(holding(stores, step), step, state, verify_first=True, changes=_Changes())
-        return step
+    ranks (``collective``) each restore their part, a live DTensor the saved shards that meet its
+    box, and fall back together: the live objects take their values once every rank read intact."""
     changes = _Changes()
+    targets = None if collective is None else live_targets(state, flatten(state)[1])
+    rank = 0 if collective is None else collective.rank
 
-    def attempt(store: Store, candidate: int, last: bool) -> None:
-        restore_step(store, candidate, state, verify_first=last and not changes.made, changes=changes)
+    def attempt(store: Store, candidate: int, last: bool) -> dict[str, Any]:
+        verify_first = last and not changes.made
+        return restore_step(store, candidate, state, verify_first, changes, rank, targets)
 
     try:
-        found = newest(stores, attempt, stacklevel + 1)
+        if collective is not None:
+            found = collective.first_intact(stores[0], step, lambda at, last: attempt(stores[0], at, last))
+        elif step is not None:
+            found = (step, attempt(holding(stores, step), step, True))
+        else:
+            found = newest(stores, attempt, stacklevel + 1)
     except CrashsafeError as exc:
         if changes.made:
             exc.args = (
@@ -89,36 +87,55 @@ def restore_into(
                 "(model, optimizer) before you train from scratch.",
             )
         raise
-    return None if found is None else found[0]
+    if found is None:
+        return None
+    apply_into(state, found[1])
+    return found[0]
 
 
 def restore_step(
-    store: Store, step: int, state: MutableMapping[str, Any], *, verify_first: bool, changes: _Changes
-) -> None:
-    """Restore one step into ``state`` in place (the three phases of the module doc)."""
+    store: Store,
+    step: int,
+    state: MutableMapping[str, Any],
+    verify_first: bool,
+    changes: _Changes,
+    rank: int = 0,
+    targets: Targets | None = None,
+) -> dict[str, Any]:
+    """Phases 1 and 2 of the module doc for ``rank``'s part of one step; return the saved state
+    for ``apply_into`` (phase 3), its arrays already in the live memory they go to."""
     try:
         with ChainReader(store) as chains:
             manifest = chains.manifest(step)
-            tree = manifest.tree_of(0)
+            tree = manifest.tree_of(rank)
             into = live_destinations(state, tree, manifest.payloads)
             values: list[Any] = [None] * len(manifest.payloads)
             for i in sorted(array_ids(tree)):
                 found = into.get(i)
-                values[i] = (
-                    found.value if found else read_value(chains, manifest, manifest.payloads[i], False)
-                )
+                entry = manifest.payloads[i]
+                values[i] = found.value if found else read_value(chains, manifest, entry, False, targets)
             saved = state_of(tree, values, step)
             check_into(state, saved)  # a mismatch raises before anything live is changed
-            jobs = [(manifest.payloads[i], d) for i, d in into.items()]
+            jobs = []
+            for i, d in into.items():  # a shard: each saved shard of its array that meets the box
+                entry = manifest.payloads[i]
+                jobs += [(entry, d)] if d.box is None else box_jobs(manifest, entry, d)
             raw = [entry for entry, _ in jobs if _is_raw(entry)]
             cached = bool(raw) and chains.cached(step, max(raw, key=lambda entry: entry.nbytes))
             if verify_first:
                 _each(jobs, lambda entry, _: chains.check(step, entry), cached)
             changes.made = changes.made or bool(jobs)
-            _each(jobs, lambda entry, d: chains.decode(step, entry, out=d.out), cached)
+            _each(jobs, lambda entry, d: _decode_into(chains, step, entry, d), cached)
     except OSError as exc:
         raise reading_error(exc, store, step) from None
-    apply_into(state, saved)
+    return saved
+
+
+def _decode_into(chains: ChainReader, step: int, entry: PayloadEntry, into: Destination) -> None:
+    if into.box is None:
+        chains.decode(step, entry, out=into.out)
+    else:
+        fill_from(chains, step, entry, into)
 
 
 def _each(jobs: list[tuple[PayloadEntry, Destination]], work: _Work, cached: bool) -> None:

@@ -15,6 +15,7 @@ from safetensors.numpy import load_file
 
 import crashsafe as cs
 from crashsafe.export import export_safetensors
+from crashsafe.loading import array_ids
 from crashsafe.storage.layout import step_dir
 
 
@@ -123,6 +124,38 @@ def test_a_damaged_shard_makes_every_rank_fall_back_together(tmp_path: Path, lau
     assert ranks.wait() == [0, 0]
     assert firsts == ["resumed 3", "resumed 3"]  # both ranks went back to step 3, not just rank 1
     _same(tmp_path / "six.npz", tmp_path / "again.npz")  # and retrained steps 4..6 identically
+
+
+def test_restore_reads_each_part_into_live_memory_and_falls_back_whole(tmp_path: Path, launch: Any) -> None:
+    """Restoring into a job whose model and optimizer hold every tensor, each rank reads exactly its
+    own raw shards, straight into its live tensors' memory. With rank 1's part of step 6 damaged,
+    rank 0 has already written step 6 into its live memory when the damage is found: every rank then
+    restores step 3 whole, ending exactly as a restore of step 3 alone."""
+    directory = tmp_path / "ckpt"
+    _run(launch, "fsdp", 2, directory, tmp_path / "six.npz", 6)  # steps 3 and 6 committed
+
+    def restore(out: str, *step: int) -> list[dict[str, Any]]:
+        ranks = launch("inplace.py", 2, directory, tmp_path / out, *step)
+        lines = [json.loads(proc.stdout.readline()) for proc, _ in ranks.procs if proc.stdout is not None]
+        assert ranks.wait() == [0, 0]
+        return lines
+
+    manifest = cs.CheckpointManager(directory, read_only=True).manifest(6)
+    payloads = [[manifest.payloads[i] for i in array_ids(manifest.tree_of(r))] for r in (0, 1)]
+    shares = [sum(p.nbytes for p in part if not p.path.startswith("rng.")) for part in payloads]
+    lines = restore("restored.npz")
+    assert [line["step"] for line in lines] == [6, 6]
+    assert [line["read_into"] for line in lines] == shares  # its own part, every byte of it in place
+    assert all(line["kept_memory"] for line in lines)
+    _same(tmp_path / "six.npz", tmp_path / "restored.npz")
+    restore("three.npz", 3)
+    data = step_dir(directory, 6) / "data-r1.bin"
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) - 100] ^= 0xFF  # rank 1's last payload: found after rank 0 wrote all of step 6
+    data.write_bytes(bytes(raw))
+    lines = restore("fell.npz")
+    assert [line["step"] for line in lines] == [3, 3]
+    _same(tmp_path / "three.npz", tmp_path / "fell.npz")
 
 
 @pytest.mark.slow

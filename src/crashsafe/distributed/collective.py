@@ -68,19 +68,35 @@ class Collective:
         self, store: Store, step: int | None, numpy: bool, targets: Targets | None
     ) -> tuple[int, dict[str, Any]] | None:
         """Every rank's part of ``step``, or of the newest step every rank reads intact."""
+        return self.first_intact(store, step, lambda at, _: read_state(store, at, numpy, self.rank, targets))
+
+    def first_intact(
+        self, store: Store, step: int | None, attempt: Callable[[int, bool], _T]
+    ) -> tuple[int, _T] | None:
+        """(step, this rank's ``attempt(step, last)``) for ``step``, or for the newest step every rank
+        finds intact: while any rank finds its part damaged, every rank goes on to the next older
+        step (``last``: none is left after it). Another error on any rank is raised on every rank,
+        so no rank waits for the others; None if there is no step at all."""
         candidates = [step] if step is not None else sorted(self.steps(store), reverse=True)
         damage = []
-        for candidate in candidates:
-            state, problem = None, None
+        for n, candidate in enumerate(candidates):
+            result: Any = None
+            problem, error = None, None
             try:
-                state = read_state(store, candidate, numpy, self.rank, targets)
+                result = attempt(candidate, step is not None or n == len(candidates) - 1)
             except (CorruptCheckpointError, StorageError, NoCheckpointError) as exc:
                 problem = str(exc)
-            problems = self.coord.all_gather(problem, f"reading step {candidate}")
-            bad = "; ".join(f"rank {r}: {p}" for r, p in enumerate(problems) if p is not None)
+            except CrashsafeError as exc:
+                error = exc
+            outcomes = self.coord.all_gather((problem, error and str(error)), f"reading step {candidate}")
+            if error is not None:
+                raise error
+            failed = "; ".join(f"rank {r}: {e}" for r, (_, e) in enumerate(outcomes) if e is not None)
+            if failed:
+                raise CrashsafeError(f"step {candidate} could not be restored by every rank: {failed}")
+            bad = "; ".join(f"rank {r}: {p}" for r, (p, _) in enumerate(outcomes) if p is not None)
             if not bad:
-                assert state is not None
-                return candidate, state
+                return candidate, result
             if step is not None:
                 raise CorruptCheckpointError(f"step {step} cannot be read by every rank: {bad}")
             damage.append(bad)

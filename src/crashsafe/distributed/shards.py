@@ -18,12 +18,11 @@ from crashsafe.chain import ChainReader
 from crashsafe.errors import CorruptCheckpointError
 from crashsafe.format.dtypes import storage_dtype
 from crashsafe.format.manifest import Manifest, PayloadEntry
+from crashsafe.state.inplace import Box, Destination
 from crashsafe.state.rebuild import to_value
 from crashsafe.state.tree import Shard
 
-__all__ = ["Box", "Targets", "check_tiling", "fill", "live_targets", "read_sharded"]
-
-Box = tuple[tuple[int, ...], tuple[int, ...]]  # (offset, shape)
+__all__ = ["Box", "Targets", "box_jobs", "check_tiling", "fill", "fill_from", "live_targets", "read_sharded"]
 
 
 def _overlap(a: Box, b: Box) -> tuple[tuple[slice, ...], tuple[slice, ...]] | None:
@@ -60,6 +59,37 @@ def fill(out: np.ndarray[Any, Any], out_box: Box, pieces: Sequence[tuple[Box, np
         both = _overlap(out_box, box)
         if both is not None:
             out[both[0]] = array.reshape(box[1])[both[1]]
+
+
+def box_jobs(
+    manifest: Manifest, entry: PayloadEntry, into: Destination
+) -> list[tuple[PayloadEntry, Destination]]:
+    """The saved shards of ``entry``'s array that meet ``into.box`` (the live tensor's part of the
+    global one), each with where it goes: a shard that lies inside the box straight into its part of
+    ``into.out`` when that part is contiguous memory (the same shard, or N ranks restored by fewer),
+    any other into ``into`` by :func:`fill_from`. Raises CorruptCheckpointError, before anything is
+    read, if the shards do not tile the array."""
+    assert into.box is not None
+    parts, boxes = _parts_of(manifest, entry)
+    whole = entry.shape if entry.shard is None else entry.shard[0]
+    check_tiling(whole, boxes, f"checkpoint step {manifest.step}: array '{entry.path}'")
+    jobs = []
+    for part, box in zip(parts, boxes, strict=True):
+        both = _overlap(into.box, box) if math.prod(box[1]) else None
+        if both is None:
+            continue
+        region = into.out[both[0]]
+        inside = region.shape == box[1] and region.flags.c_contiguous
+        jobs.append((part, Destination(into.value, region) if inside else into))
+    return jobs
+
+
+def fill_from(chains: ChainReader, step: int, part: PayloadEntry, into: Destination) -> None:
+    """Decode one saved shard whole (verified) and copy the part of it inside ``into.box`` into
+    ``into.out``: a shard that only overlaps the box (N ranks restored by more)."""
+    assert into.box is not None
+    box = ((0,) * len(part.shape), part.shape) if part.shard is None else (part.shard[1], part.shape)
+    fill(into.out, into.box, [(box, chains.decode(step, part))])
 
 
 def read_sharded(

@@ -5,8 +5,10 @@ checkpoint and that memory could change what ends up there, so the result is exa
 ``apply_into`` would have copied: a plain CPU tensor or numpy array at the same place in the state,
 of the saved element type and shape, C-contiguous, writable, overlapping no other destination;
 inside a module only if every loader of its submodules is torch's own (no hooks, no overrides but
-the normalisation layers' key upgrades) and inside an optimizer only if it has no load hooks. Every
-other payload is read into fresh memory and copied in, as before.
+the normalisation layers' key upgrades) and inside an optimizer only if it has no load hooks. A
+live DTensor takes the saved shards of its array into the memory of its local tensor, its *box* in
+the global tensor (a checkpoint of N ranks restored by M). Every other payload is read into fresh
+memory and copied in, as before.
 """
 
 from __future__ import annotations
@@ -18,11 +20,14 @@ from typing import Any
 import numpy as np
 
 from crashsafe._torch import is_tensor, loaded_torch
+from crashsafe.errors import CrashsafeError
 from crashsafe.format.dtypes import storage_dtype, torch_dtype_name
 from crashsafe.format.manifest import PayloadEntry
-from crashsafe.state.tree import is_stateful
+from crashsafe.state.tree import is_dtensor, is_stateful, local_shard
 
-__all__ = ["Destination", "live_destinations"]
+__all__ = ["Box", "Destination", "live_destinations"]
+
+Box = tuple[tuple[int, ...], tuple[int, ...]]  # (offset, shape) of a part of a global tensor
 
 _MODULE_METHODS = (
     "_load_from_state_dict",
@@ -33,6 +38,13 @@ _MODULE_METHODS = (
 )
 _MODULE_HOOKS = ("_load_state_dict_pre_hooks", "_load_state_dict_post_hooks", "_state_dict_hooks",
                  "_state_dict_pre_hooks")  # fmt: skip
+_FSDP2_HOOKS = {  # (module, qualified name) of FSDP2's state-dict hooks in torch 2.13
+    # before saving and loading: put the sharded parameters in place of unsharded ones
+    ("torch.distributed.fsdp._fully_shard._fsdp_param_group",
+     "FSDPParamGroup._register_state_dict_hooks.<locals>.to_sharded_hook"),
+    # after loading: re-pad the shard buffer of the parameter object the module now holds
+    ("torch.distributed.fsdp._fully_shard._fsdp_param", "FSDPParam.__init__.<locals>.<lambda>"),
+}  # fmt: skip
 _OPTIMIZER_HOOKS = ("_optimizer_load_state_dict_pre_hooks", "_optimizer_load_state_dict_post_hooks",
                     "_optimizer_state_dict_pre_hooks", "_optimizer_state_dict_post_hooks")  # fmt: skip
 
@@ -40,10 +52,12 @@ _OPTIMIZER_HOOKS = ("_optimizer_load_state_dict_pre_hooks", "_optimizer_load_sta
 @dataclass(frozen=True)
 class Destination:
     """A live tensor or array a payload goes into: ``value`` stands for the saved value in the state
-    restore rebuilds (it *is* the live object), ``out`` is its memory in the payload's storage dtype."""
+    restore rebuilds (it *is* the live object), ``out`` is its memory in the payload's storage dtype;
+    for a live DTensor, ``box`` is where ``out`` (its local tensor) sits in the global tensor."""
 
     value: Any
     out: np.ndarray[Any, Any]
+    box: Box | None = None
 
 
 def live_destinations(
@@ -61,9 +75,9 @@ def _walk(
 ) -> None:
     t = node["t"]
     if t == "array":
-        out = _memory_of(live, payloads[node["id"]])
-        if out is not None:
-            found[node["id"]] = Destination(live, out)
+        destination = _destination(live, payloads[node["id"]])
+        if destination is not None:
+            found[node["id"]] = destination
     elif t == "dict" and isinstance(live, Mapping) and not _is_object(live):
         for key, child in zip(node["keys"], node["vals"], strict=True):
             if key in live:
@@ -83,17 +97,36 @@ def _is_object(value: Any) -> bool:
     return is_stateful(value) and not isinstance(value, (dict, list))
 
 
-def _memory_of(live: Any, entry: PayloadEntry) -> np.ndarray[Any, Any] | None:
-    """The live tensor's or array's memory as an array of the payload's storage dtype and shape, or
-    None if the payload cannot go straight into it."""
-    dtype = storage_dtype(entry.dtype)
-    if entry.shard is not None or entry.raw_nbytes == 0:
+def _destination(live: Any, entry: PayloadEntry) -> Destination | None:
+    """Where the payload can go in ``live``, or None if it cannot go straight into it. A shard goes
+    into the part of the live tensor its box meets (the whole tensor, or a live DTensor's box)."""
+    if entry.raw_nbytes == 0:
         return None
+    whole = entry.shape if entry.shard is None else entry.shard[0]
+    if is_dtensor(live):
+        if entry.kind != "torch" or tuple(live.shape) != whole:
+            return None
+        try:
+            local, shard = local_shard(live.detach(), ())
+        except CrashsafeError:  # a Partial placement: it loads its own way
+            return None
+        out = _memory_of(local, entry.kind, entry.dtype, tuple(local.shape))
+        return None if out is None else Destination(live, out, (shard.offset, tuple(local.shape)))
+    out = _memory_of(live, entry.kind, entry.dtype, whole)
+    if out is None:
+        return None
+    return Destination(live, out, None if entry.shard is None else ((0,) * len(whole), whole))
+
+
+def _memory_of(live: Any, kind: str, dtype_name: str, shape: tuple[int, ...]) -> np.ndarray[Any, Any] | None:
+    """The live tensor's or array's memory as an array of the given storage dtype and shape, or
+    None if it is not plain, writable, C-contiguous CPU memory of exactly that type."""
+    dtype = storage_dtype(dtype_name)
     if is_tensor(live):
         torch = loaded_torch()
         assert torch is not None
-        if type(live) not in (torch.Tensor, torch.nn.Parameter) or entry.kind != "torch":
-            return None  # a subclass (uninitialized, distributed, quantized ...) loads its own way
+        if type(live) not in (torch.Tensor, torch.nn.Parameter) or kind != "torch":
+            return None  # a subclass (uninitialized, quantized ...) loads its own way
         if (
             live.device.type != "cpu"
             or live.layout != torch.strided
@@ -101,14 +134,14 @@ def _memory_of(live: Any, entry: PayloadEntry) -> np.ndarray[Any, Any] | None:
             or live.is_inference()
             or live.is_conj()
             or live.is_neg()
-            or torch_dtype_name(live.dtype) != entry.dtype
-            or tuple(live.shape) != entry.shape
+            or torch_dtype_name(live.dtype) != dtype_name
+            or tuple(live.shape) != shape
         ):
             return None
         raw: np.ndarray[Any, Any] = live.detach().reshape(-1).view(torch.uint8).numpy()
-        return raw.view(dtype).reshape(entry.shape)
-    if type(live) is np.ndarray and entry.kind == "numpy":
-        fits = live.dtype == dtype and live.shape == entry.shape
+        return raw.view(dtype).reshape(shape)
+    if type(live) is np.ndarray and kind == "numpy":
+        fits = live.dtype == dtype and live.shape == shape
         if fits and live.flags.c_contiguous and live.flags.writeable:
             return live
     return None
@@ -144,7 +177,8 @@ def _plain_loader(obj: Any) -> bool:
                 own == ["_load_from_state_dict"] and cls._load_from_state_dict is norm._load_from_state_dict
             ):
                 return False
-            if any(getattr(module, hooks, None) for hooks in _MODULE_HOOKS):
+            hooks = [hook for name in _MODULE_HOOKS for hook in getattr(module, name, {}).values()]
+            if not all(map(_harmless, hooks)):
                 return False
         return True
     if isinstance(obj, torch.optim.Optimizer):
@@ -156,3 +190,8 @@ def _plain_loader(obj: Any) -> bool:
             return False
         return not any(getattr(obj, hooks, None) for hooks in _OPTIMIZER_HOOKS)
     return False
+
+
+def _harmless(hook: Any) -> bool:
+    """A hook that reads only which parameter objects a module has, never their values: FSDP2's."""
+    return (getattr(hook, "__module__", None), getattr(hook, "__qualname__", None)) in _FSDP2_HOOKS

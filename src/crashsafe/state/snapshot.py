@@ -28,8 +28,8 @@ from crashsafe.state.tree import (
     _ARRAY_TYPES,
     MAX_DEPTH,
     ArrayLeaf,
-    _is_dtensor,
     _tensor_problem,
+    is_dtensor,
     is_stateful,
     numpy_dtype_name,
 )
@@ -139,7 +139,7 @@ class _Walk:
         raise _Unusual
 
     def tensor(self, tensor: Any, path: str) -> Any:
-        if _is_dtensor(tensor) or _tensor_problem(tensor) is not None:
+        if is_dtensor(tensor) or _tensor_problem(tensor) is not None:
             raise _Unusual
         dtype = tensor.dtype
         name = _DTYPE_NAMES.get(dtype)

@@ -36,7 +36,9 @@ __all__ = [
     "class_name",
     "flatten",
     "format_path",
+    "is_dtensor",
     "is_stateful",
+    "local_shard",
     "numpy_dtype_name",
 ]
 
@@ -261,8 +263,8 @@ class _Walk:
 
     def _tensor(self, tensor: Any, parts: Parts) -> dict[str, Any]:
         shard = None
-        if _is_dtensor(tensor):
-            tensor, shard = _local_shard(tensor, parts)
+        if is_dtensor(tensor):
+            tensor, shard = local_shard(tensor, parts)
         problem = _tensor_problem(tensor)
         if problem is not None:
             raise _refuse(parts, problem)
@@ -358,13 +360,13 @@ def _torch_types() -> tuple[tuple[type, ...], type, Any]:
     return (torch.Tensor, torch.nn.Parameter), torch.nn.parameter.UninitializedTensorMixin, torch.strided
 
 
-def _is_dtensor(tensor: Any) -> bool:
+def is_dtensor(tensor: Any) -> bool:
     """A DTensor (torch.distributed's sharded tensor), without importing torch.distributed."""
     module = sys.modules.get("torch.distributed.tensor")
     return module is not None and isinstance(tensor, module.DTensor)
 
 
-def _local_shard(tensor: Any, parts: Parts) -> tuple[Any, Shard]:
+def local_shard(tensor: Any, parts: Parts) -> tuple[Any, Shard]:
     """A DTensor's local tensor and where it sits in the global one (what a rank saves of it)."""
     from torch.distributed.tensor import Partial
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
