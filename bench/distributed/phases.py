@@ -14,10 +14,10 @@ from typing import Any
 
 # (module, owner or "", function): the phase's name in the report
 PHASES: dict[tuple[str, str, str], str] = {
-    ("crashsafe.manager", "", "flatten"): "stall: of which walking the state (state_dict, optimizer)",
+    ("crashsafe.saving", "", "flatten"): "stall: of which walking the state (state_dict, optimizer)",
     ("crashsafe.state.staging", "StagingPool", "capture"): "stall: of which the copy into staging",
     (
-        "crashsafe.manager",
+        "crashsafe.saving",
         "",
         "plan_step",
     ): "stall: of which planning (hash every array where it lives, gather the offers)",

@@ -419,7 +419,7 @@ def measure_protocols(samples: int = 60) -> Row:
 # ----------------------------------------------------------------------------- where the time goes
 
 PHASES = {  # label: (module, class or "", function)
-    "flatten the state": ("crashsafe.manager", "", "flatten"),
+    "flatten the state": ("crashsafe.saving", "", "flatten"),
     "write payloads (checksums, gathering)": ("crashsafe.storage.writer", "StepWriter", "write_payload"),
     "manifest to JSON (+ its checksum)": ("crashsafe.storage.writer", "", "dumps"),
     "manifest validated as a reader would": ("crashsafe.storage.writer", "", "loads"),

@@ -23,7 +23,7 @@ from crashsafe._metrics import clean_metrics
 from crashsafe.chain import direct_bases, doomed_steps, protected_steps
 from crashsafe.distributed.collective import collective_for
 from crashsafe.distributed.group import DEFAULT_TIMEOUT
-from crashsafe.distributed.saving import StepPlan, plan_step
+from crashsafe.distributed.saving import StepPlan
 from crashsafe.distributed.saving import save_step as save_collective
 from crashsafe.encoding import CodecSpec, SavePlanner
 from crashsafe.errors import (
@@ -44,9 +44,8 @@ from crashsafe.policies.keep import Mode, StepFacts
 from crashsafe.policies.retention import UNSET, KeepSpec, Unset, retention_policy
 from crashsafe.preemption import EXIT_STATUS, SigtermWatch
 from crashsafe.restoring import restore_into
-from crashsafe.saving import SaveStats, save_step
-from crashsafe.state.staging import StagingPool, view_bytes
-from crashsafe.state.tree import ArrayLeaf, flatten
+from crashsafe.saving import SaveStats, Snapshot, save_step, take_snapshot
+from crashsafe.state.staging import StagingPool
 from crashsafe.step_facts import StepSpec, best_step, pick_step
 from crashsafe.storage.base import Lock, Store
 from crashsafe.storage.reader import read_manifest
@@ -181,20 +180,18 @@ class CheckpointManager:
             self._mirror.retry()
         self._check_store(store, f"saving step {step}")
         cleaned = clean_metrics(metrics)
-        tree, leaves = flatten(state)
-        planned = plan_step(self._collective.coord, store, leaves) if self._collective else None
+        coord = self._collective.coord if self._collective else None
+        snapshot, planned = take_snapshot(state, store, self._pool, coord, checked=bool(self._stats))
         committed = planned.committed if planned else frozenset(store.steps())
         if step in committed:  # distributed: rank 0's listing, or a late rank skips the replacement
             self._replace_damaged(store, step)
             committed -= {step}
-        staged = [leaves[i] for i in planned.writes] if planned else leaves  # a rank stages what it writes
-        arrays = [view_bytes(leaf) for leaf in staged] if self._pool is None else self._pool.capture(staged)
         stall = time.perf_counter() - begin
         self._stalled += stall
         self._last_save = (step, self._train_time())
 
         def persist() -> SaveStats:
-            return self._persist(store, step, planned or committed, tree, leaves, arrays, cleaned, stall)
+            return self._persist(store, step, planned or committed, snapshot, cleaned, stall)
 
         if self._executor is None:  # sync: the loop also waits for the write and the commit
             stats = persist()
@@ -292,14 +289,13 @@ class CheckpointManager:
         store: Store,
         step: int,
         committed: frozenset[int] | StepPlan,  # a distributed save: what the ranks agreed
-        tree: dict[str, Any],
-        leaves: list[ArrayLeaf],
-        arrays: list[np.ndarray[Any, Any]],
+        snapshot: Callable[[], Snapshot],
         metrics: dict[str, Any],
         stall: float,
     ) -> SaveStats:
         begin = time.perf_counter()
         info = {"crashsafe": _VERSION}
+        tree, leaves, arrays = snapshot()
         if isinstance(committed, StepPlan):
             assert self._collective is not None
             manifest = save_collective(

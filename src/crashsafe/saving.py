@@ -1,4 +1,5 @@
-"""One step of one process: every array encoded by the planner, written, then committed.
+"""One step of one process: the state's snapshot, then every array encoded by the planner,
+written, and committed.
 
 The store's draft moves the bytes and runs its commit protocol; the planner picks codecs and delta
 bases and keeps its chains only once the step is committed. The distributed counterpart, where
@@ -8,18 +9,25 @@ every rank writes its part and rank 0 commits, is :mod:`crashsafe.distributed.sa
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from crashsafe.distributed.group import Coordinator
+from crashsafe.distributed.saving import StepPlan, plan_step
 from crashsafe.encoding import SavePlanner
 from crashsafe.format.manifest import Manifest, PayloadEntry
-from crashsafe.state.tree import ArrayLeaf
+from crashsafe.state.snapshot import fast_copy
+from crashsafe.state.staging import StagingPool, view_bytes
+from crashsafe.state.tree import ArrayLeaf, flatten
 from crashsafe.storage.base import Store
 from crashsafe.storage.writer import StepWriter
 
-__all__ = ["SaveStats", "save_step"]
+__all__ = ["SaveStats", "Snapshot", "save_step", "take_snapshot"]
+
+Snapshot = tuple[dict[str, Any], list[ArrayLeaf], list[np.ndarray[Any, Any]]]  # tree, leaves, their bytes
 
 
 @dataclass(frozen=True)
@@ -74,3 +82,27 @@ def save_step(
         raise
     planner.committed()
     return manifest
+
+
+def take_snapshot(
+    state: object, store: Store, pool: StagingPool | None, coord: Coordinator | None, *, checked: bool
+) -> tuple[Callable[[], Snapshot], StepPlan | None]:
+    """The state copied into ``pool`` for a background save (no pool: viewed in place, for a save
+    that writes before it returns), as a function giving its snapshot; and, for a rank of a
+    distributed save (``coord``), the plan the ranks agreed. Once a save ``checked`` the state in
+    full, one process copies it in one walk and the background thread flattens the copy: the
+    training thread pays for the copy, not for the checks."""
+    if pool is not None and coord is None and checked:
+        copied = fast_copy(state, pool)  # None: a state it cannot judge, checked in full below
+        if copied is not None:
+            return lambda: _snapshot_of(copied), None
+    tree, leaves = flatten(state)
+    planned = plan_step(coord, store, leaves) if coord is not None else None
+    staged = [leaves[i] for i in planned.writes] if planned else leaves  # a rank stages what it writes
+    arrays = [view_bytes(leaf) for leaf in staged] if pool is None else pool.capture(staged)
+    return lambda: (tree, leaves, arrays), planned
+
+
+def _snapshot_of(copied: Any) -> Snapshot:
+    tree, leaves = flatten(copied)
+    return tree, leaves, [view_bytes(leaf) for leaf in leaves]

@@ -1,5 +1,6 @@
-"""fast_copy: the cheap point-in-time copy of later saves gives what detached_copy gives, is not
-changed by training afterwards, and leaves every unusual state to detached_copy."""
+"""fast_copy: the cheap point-in-time copy of later saves flattens to exactly what the live state
+flattens to (tree and bytes), is not changed by training afterwards, and leaves every unusual state
+to detached_copy."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 
+from crashsafe import CheckpointManager, UnsupportedStateError
 from crashsafe.state.snapshot import fast_copy
 from crashsafe.state.staging import StagingPool, detached_copy, view_bytes
 from crashsafe.state.tree import flatten
@@ -46,11 +49,12 @@ def _tree(value: Any) -> dict[str, Any]:
     return {"tree": tree, "data": [view_bytes(leaf).tobytes() for leaf in leaves]}
 
 
-def test_fast_copy_gives_what_detached_copy_gives_and_stays_put() -> None:
+def test_fast_copy_saves_as_the_live_state_and_stays_put() -> None:
     state = _state()
     fast = fast_copy(state, StagingPool())
     assert fast is not None
-    assert _tree(fast) == _tree(detached_copy(state, StagingPool()))  # tied weights stay one view
+    assert _tree(fast) == _tree(state)  # the module as a module, tied weights as one view
+    assert _tree(detached_copy(state, StagingPool()))["data"] == _tree(state)["data"]
     assert fast["tied"]["a"] is fast["tied"]["b"]
     before = _tree(fast)
     with torch.no_grad():
@@ -70,8 +74,8 @@ def test_a_second_copy_reuses_the_buffers() -> None:
         state["model"].weight.mul_(2.0)
     second = fast_copy(state, pool)
     assert first is not None and second is not None
-    assert second["model"]["weight"].data_ptr() == first["model"]["weight"].data_ptr()
-    assert _tree(second) == _tree(detached_copy(state, StagingPool()))
+    assert second["model"].state["weight"].data_ptr() == first["model"].state["weight"].data_ptr()
+    assert _tree(second) == _tree(state)
 
 
 def test_what_fast_copy_cannot_judge_goes_to_detached_copy() -> None:
@@ -85,3 +89,20 @@ def test_what_fast_copy_cannot_judge_goes_to_detached_copy() -> None:
         {"obj": np.array(["x"], dtype=object)},
     ):
         assert fast_copy(unusual, StagingPool()) is None, unusual
+
+
+def test_a_later_async_save_stores_what_the_first_stored(tmp_path: Path) -> None:
+    """The first async save checks the state in full; later ones copy it with fast_copy and flatten
+    the copy in the background: the same tree (the module still a module) and the same bytes. A
+    state fast_copy cannot judge is still checked at the save call, naming the bad value's path."""
+    state = _state()
+    with CheckpointManager(tmp_path, keep_last=None) as mgr:
+        mgr.save(1, state)
+        mgr.save(2, state)
+        with pytest.raises(UnsupportedStateError, match="state at 'bad'"):
+            mgr.save(3, {**state, "bad": object()})
+        mgr.wait()
+        first, second = mgr.manifest(1), mgr.manifest(2)
+        assert first.tree == second.tree and second.tree["vals"][0]["t"] == "stateful"
+        assert [p.xxh3 for p in first.payloads] == [p.xxh3 for p in second.payloads]
+        assert mgr.steps() == [1, 2]

@@ -3,7 +3,8 @@
 ``detached_copy`` flattens the state into a checked tree and rebuilds it: right for a first save,
 whose errors must name their path then, but a second walk of the same structure at every later save,
 while the background save flattens it again. ``fast_copy`` copies only what training could change
-afterwards: arrays into staging buffers, containers rebuilt, ``state_dict()`` taken now; immutable
+afterwards: arrays into staging buffers, containers rebuilt, ``state_dict()`` taken now (kept as a
+:class:`~crashsafe.state.tree.StatefulCopy`, so the copy saves as the object would); immutable
 values are shared. Whatever it does not know exactly gives ``None``, and the caller uses
 ``detached_copy`` (which refuses what cannot be stored, naming its path).
 """
@@ -28,10 +29,11 @@ from crashsafe.state.tree import (
     _ARRAY_TYPES,
     MAX_DEPTH,
     ArrayLeaf,
+    StatefulCopy,
     _tensor_problem,
-    is_dtensor,
     is_stateful,
     numpy_dtype_name,
+    stateful_class,
 )
 
 __all__ = ["fast_copy"]
@@ -48,7 +50,7 @@ class _Unusual(Exception):
 
 def fast_copy(state: object, pool: StagingPool) -> Any | None:
     """``state`` as ``detached_copy`` would give it (arrays in ``pool``'s staging buffers, objects
-    with ``state_dict()`` as that dict), or None if it holds anything ``detached_copy`` must judge:
+    with ``state_dict()`` as a StatefulCopy of it), or None if it holds anything ``detached_copy`` must judge:
     an unsupported or unusual value, a path two arrays would share, tensors overlapping in memory
     other than as one tensor saved twice."""
     walk = _Walk(pool)
@@ -118,7 +120,7 @@ class _Walk:
         if isinstance(value, Mapping):
             return {self.key(k): self.value(v, path, k, depth + 1) for k, v in value.items()}
         if is_stateful(value):
-            return self.other(value.state_dict(), path, depth + 1)
+            return StatefulCopy(self.other(value.state_dict(), path, depth + 1), stateful_class(value))
         if isinstance(value, argparse.Namespace):
             return argparse.Namespace(**self.other(vars(value), path, depth))
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
@@ -139,7 +141,8 @@ class _Walk:
         raise _Unusual
 
     def tensor(self, tensor: Any, path: str) -> Any:
-        if is_dtensor(tensor) or _tensor_problem(tensor) is not None:
+        """The copy of a plain tensor (its type is exactly Tensor or Parameter: no DTensor)."""
+        if _tensor_problem(tensor) is not None:
             raise _Unusual
         dtype = tensor.dtype
         name = _DTYPE_NAMES.get(dtype)

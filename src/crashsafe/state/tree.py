@@ -33,6 +33,7 @@ __all__ = [
     "LeafKind",
     "Shard",
     "Stateful",
+    "StatefulCopy",
     "class_name",
     "flatten",
     "format_path",
@@ -40,6 +41,7 @@ __all__ = [
     "is_stateful",
     "local_shard",
     "numpy_dtype_name",
+    "stateful_class",
 ]
 
 LeafKind = Literal["torch", "numpy", "npscalar", "bytes"]
@@ -87,9 +89,32 @@ class ArrayLeaf:
         return math.prod(self.shape) * DTYPES[self.dtype].itemsize
 
 
+@dataclass(frozen=True)
+class StatefulCopy:
+    """A copy of an object's ``state_dict()``, saved as the object itself is (a ``stateful`` node
+    naming its class): what :func:`~crashsafe.state.snapshot.fast_copy` makes of a module or optimizer."""
+
+    state: Any
+    class_name: str  # module.qualname of the object copied
+
+    def state_dict(self) -> Any:
+        return self.state
+
+    def load_state_dict(self, state_dict: Any) -> None:
+        raise TypeError("a StatefulCopy is a snapshot to save, not an object to load into")
+
+
 def is_stateful(value: object) -> bool:
     """True for objects crashsafe saves through their ``state_dict()``."""
     return callable(getattr(value, "state_dict", None)) and callable(getattr(value, "load_state_dict", None))
+
+
+def stateful_class(value: object) -> str:
+    """``module.qualname`` of a stateful object, as its tree node records it (a copy's original)."""
+    if isinstance(value, StatefulCopy):
+        return value.class_name
+    cls = type(value)
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def format_path(parts: Parts) -> str:
@@ -258,8 +283,7 @@ class _Walk:
         except Exception as exc:
             raise _refuse(parts, f"{_type_name(value)}.state_dict() raised {exc!r}") from exc
         inner = self.node(state, parts, depth + 1)
-        cls = type(value)
-        return {"t": "stateful", "class": f"{cls.__module__}.{cls.__qualname__}", "value": inner}
+        return {"t": "stateful", "class": stateful_class(value), "value": inner}
 
     def _tensor(self, tensor: Any, parts: Parts) -> dict[str, Any]:
         shard = None
