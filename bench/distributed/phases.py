@@ -20,7 +20,7 @@ PHASES: dict[tuple[str, str, str], str] = {
         "crashsafe.saving",
         "",
         "plan_step",
-    ): "stall: of which planning (hash every array where it lives, gather the offers)",
+    ): "stall: of which planning (describe, hash what ranks hold alike, 2 exchanges)",
     (
         "crashsafe.distributed.group",
         "Coordinator",

@@ -25,7 +25,8 @@ def state_bytes(size_mib: int) -> int:
 
 
 PHASE_KEYS = {
-    "hash": "stall: of which planning (hash every array where it lives, gather the offers)",
+    "hash": "stall: of which planning (describe, hash what ranks hold alike, 2 exchanges)",
+    "copy": "stall: of which the copy into staging",
     "gather": "all_gather offers (in the stall) + reports (waits for the slowest rank)",
     "write": "write this rank's part (encode, write, checksum, fsync)",
     "commit": "commit on rank 0 + broadcast of its outcome",
@@ -101,7 +102,8 @@ def targets(results: dict[str, Any]) -> list[str]:
         "| durable: crashsafe / dcp.save, best; paired median (target <= 1.0x) "
         "| written in total / state (DDP target 1.0x) "
         "| stall / DCP's cached async_save (no target) | raw write+fsync / dcp.save "
-        "| floor of copy-then-write: (copy + raw) / dcp.save | crashsafe sync durable / dcp.save |",
+        "| floor of a verified copy-first save: (crashsafe's stall + raw) / dcp.save "
+        "| crashsafe sync durable / dcp.save |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for case, worlds in results.items():
@@ -113,8 +115,8 @@ def targets(results: dict[str, Any]) -> list[str]:
             durable = _ratio(s, "crashsafe", "durable", "dcp", "durable")
             raw = _ratio(s, "raw", "durable", "dcp", "durable")
             sync = _ratio(s, "crashsafe_sync", "durable", "dcp", "durable")
-            copy = min(steady(s["crashsafe"]["stall"]), steady(s["dcp_async_cached"]["stall"]))
-            floor = (copy + steady(s["raw"]["durable"])) / steady(s["dcp"]["durable"])
+            snapshot, plain_write = steady(s["crashsafe"]["stall"]), steady(s["raw"]["durable"])
+            floor = (snapshot + plain_write) / steady(s["dcp"]["durable"])
             written = sum(r["bytes"]["crashsafe"]) / state_bytes(int(size))
             dcp_written = sum(r["bytes"]["dcp"]) / state_bytes(int(size))
             once = f"{written:.3f}x " + (_verdict(written < 1.01) if kind == "ddp" else "(shards)")
@@ -228,16 +230,17 @@ def why(results: dict[str, Any]) -> list[str]:
             s = r["saves"]
             i = best_index(s["crashsafe"]["durable"])
             ph = {k: max(p.get(v, 0.0) for p in s["crashsafe"]["phases"][i]) for k, v in PHASE_KEYS.items()}
-            copy = min(steady(s["crashsafe"]["stall"]), steady(s["dcp_async_cached"]["stall"]))
+            stall = steady(s["crashsafe"]["stall"])
             dcp, raw = steady(s["dcp"]["durable"]), steady(s["raw"]["durable"])
             sync = _ratio(s, "crashsafe_sync", "durable", "dcp", "durable")
             lines.append(
                 f"- {kind.upper()} {state_bytes(int(size)) / MiB:.0f} MiB, {world[1:]} ranks: crashsafe "
-                f"{_t(s['crashsafe']['durable'][i])} = its copy {_t(s['crashsafe']['stall'][i])}, hashing "
-                f"{_t(ph['hash'])}, writing + checksumming + fsyncing its part {_t(ph['write'])} (raw "
-                f"writes and fsyncs the same share in {_t(raw)}), waiting for the slowest rank up to "
-                f"{_t(ph['gather'])}, commit {_t(ph['commit'])}; `dcp.save` {_t(dcp)}. Copy-then-write "
-                f"floor {(copy + raw) / dcp:.2f}x `dcp.save`; crashsafe sync (no copy) {sync[0]:.2f}x; "
+                f"{_t(s['crashsafe']['durable'][i])} = its stall {_t(s['crashsafe']['stall'][i])} (hashing "
+                f"every array and gathering the offers {_t(ph['hash'])}, copying its share "
+                f"{_t(ph['copy'])}), writing + fsyncing its part {_t(ph['write'])} (raw writes and fsyncs "
+                f"the same share in {_t(raw)}), the exchanges up to {_t(ph['gather'])} (they wait for the "
+                f"slowest rank), commit {_t(ph['commit'])}; `dcp.save` {_t(dcp)}. Floor "
+                f"{(stall + raw) / dcp:.2f}x `dcp.save`; crashsafe sync (no copy) {sync[0]:.2f}x; "
                 f"{sync[1]:.2f}x."
             )
     return lines
@@ -402,18 +405,20 @@ def report(
         "",
         *targets(results),
         "",
-        "The last columns are ceilings. A copy-first async save cannot stall less than a copy of the "
-        "state into kept buffers: DCP's cached stager is that copy (plus `get_state_dict`), so stall / "
-        "cached near 1.0x means crashsafe's stall is the copy itself. Its durable time cannot be below "
-        "copy + write: `(copy + raw) / dcp.save` is that floor (copy = the lower of crashsafe's and "
-        "the cached stager's best stall), while `dcp.save` writes straight from the live tensors and "
-        "never copies. crashsafe sync does not copy either: its ratio is the persist path alone.",
+        "The last columns are ceilings. crashsafe's stall is its snapshot: it hashes every array of the "
+        "rank where it lives (to find replicas by content) and copies the arrays the rank writes (1/N of "
+        "a DDP replica, an FSDP2 rank's shards) into kept buffers; DCP's cached stager copies the whole "
+        "state (plus `get_state_dict`). A save that verifies replicas and copies before it writes cannot "
+        "be durable sooner than its snapshot + a plain write of its share: `(crashsafe's stall + raw) / "
+        "dcp.save` is that floor, while `dcp.save` writes straight from the live tensors and neither "
+        "copies nor reads what other ranks write. crashsafe sync does not copy: its ratio is the "
+        "persist path alone (with the hash).",
         "",
         "## Where crashsafe's durable time goes",
         "",
         "Each phase of crashsafe's best steady save, timed inside the library (bench/distributed/phases.py "
-        "wraps its functions), the slowest rank's figure per phase; the phases run one after the other "
-        "in each rank's background thread, after the stall (the snapshot).",
+        "wraps its functions), the slowest rank's figure per phase; the stall's phases run on the "
+        "training thread, the others one after the other in each rank's background thread.",
         "",
         *breakdown(results),
         "",

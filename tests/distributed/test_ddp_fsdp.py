@@ -158,6 +158,18 @@ def test_restore_reads_each_part_into_live_memory_and_falls_back_whole(tmp_path:
     _same(tmp_path / "three.npz", tmp_path / "fell.npz")
 
 
+def test_a_tensor_that_differs_between_ranks_is_kept_for_each(tmp_path: Path, launch: Any) -> None:
+    """Replicas are found by content, not by name: a tensor each rank holds under one name with its
+    own values is written by each rank and each restores its own (DCP keeps rank 0's for all:
+    bench/distributed/replicas.py); one every rank holds alike is written once."""
+    ranks = launch("differing.py", 2, tmp_path / "ckpt")
+    lines = [json.loads(proc.stdout.readline()) for proc, _ in ranks.procs if proc.stdout is not None]
+    assert ranks.wait() == [0, 0]
+    assert lines == [{"mine": 1.0, "same": 1.0}, {"mine": 2.0, "same": 1.0}]
+    paths = [p.path for p in cs.CheckpointManager(tmp_path / "ckpt", read_only=True).manifest().payloads]
+    assert sorted(paths) == ["mine", "mine", "same"]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_resharding_4_to_2_to_1_to_4_is_bit_identical(tmp_path: Path, launch: Any) -> None:

@@ -1,8 +1,9 @@
 """Who writes what: replicated arrays once, the writing spread evenly over the ranks.
 
-Every rank offers each array of its state as (path, fingerprint, bytes): the fingerprint is the
-xxh3 of its bytes plus dtype, shape and shard placement. Arrays that several ranks offer with the
-same path and fingerprint hold the same bytes (a DDP replica's parameters and optimizer state, a
+Every rank offers each array of its state as (path, fingerprint, bytes): the fingerprint is its
+type, shape and shard placement plus the xxh3 of its bytes (or, for an array no other rank holds
+alike, its rank: it is not hashed). Arrays that several ranks offer with the same path and
+fingerprint hold the same bytes (a DDP replica's parameters and optimizer state, a
 replicated DTensor), so one of those ranks writes them for all; arrays that differ (a DTensor's
 shards, each rank's RNG state) are written by their own rank. Groups are handed out largest first,
 each to the holder with the fewest bytes so far (DCP's dedup-and-balance, made content-aware). Every
@@ -22,7 +23,7 @@ class Offer:
     """One array a rank holds."""
 
     path: str
-    fingerprint: str  # xxh3 of the bytes, dtype, shape, shard placement
+    fingerprint: str  # type, shape, shard placement + the xxh3 of the bytes (or the rank)
     nbytes: int
 
 

@@ -1,9 +1,10 @@
 """One distributed step: every rank writes its part, rank 0 commits the whole, or nobody does.
 
-1. on the training thread, before the snapshot (:func:`plan_step`): every rank hashes its arrays
-   where they live and offers them (path, fingerprint, bytes); rank 0 adds its listing of the
-   committed steps and names the attempt; from the gathered offers every rank computes the same
-   plan (:mod:`crashsafe.distributed.plan`) and then stages only the arrays it writes (a DDP rank
+1. on the training thread, before the snapshot (:func:`plan_step`): every rank describes its
+   arrays (path, type, shape, shard placement, bytes), rank 0 adds its listing of the committed
+   steps and names the attempt; arrays that several ranks hold alike are hashed where they live and
+   the hashes exchanged; from the gathered offers every rank computes the same plan
+   (:mod:`crashsafe.distributed.plan`) and then stages only the arrays it writes (a DDP rank
    copies 1/N of its replica, not all of it);
 
 In each rank's background persist thread (:func:`save_step`):
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -50,38 +52,51 @@ __all__ = ["StepPlan", "plan_step", "save_step"]
 @dataclass(frozen=True)
 class StepPlan:
     """What every rank agreed before its snapshot: the committed steps (rank 0's listing), the
-    attempt's name, who writes what, and the xxh3 of this rank's arrays' bytes."""
+    attempt's name, who writes what, and the xxh3 of this rank's arrays that it hashed."""
 
     committed: frozenset[int]
     attempt: str
     plan: Plan
     writes: list[int]  # indices of this rank's arrays that it writes (and so stages)
-    digests: list[str]
+    digests: dict[int, str]  # array index -> xxh3 of its bytes, for the arrays hashed to plan
 
 
 def plan_step(coord: Coordinator, store: Store, leaves: list[ArrayLeaf]) -> StepPlan:
-    """Hash every array where it lives, gather the offers and rank 0's listing, plan the writes.
-    One exchange, on the training thread: every rank waits for the others to reach the save."""
-    digests, offers = [], []
-    for leaf in leaves:
-        digest = xxhash.xxh3_64(view_bytes(leaf).reshape(-1).view(np.uint8).data)
-        digests.append(digest.hexdigest())
-        digest.update(repr((leaf.kind, leaf.dtype, leaf.shape, leaf.shard)).encode())
-        offers.append(Offer(leaf.path, digest.hexdigest(), leaf.nbytes))
+    """Plan the writes, on the training thread (every rank waits for the others to reach the save).
+
+    First every rank sends what it holds (path, type, shape, shard placement, bytes) and rank 0 its
+    listing; an array that no other rank holds alike (an FSDP2 shard) is its own rank's to write,
+    unread. Arrays held alike by several ranks (a DDP replica's, each rank's RNG state) are hashed
+    where they live and their hashes exchanged: equal bytes are written once, by one holder."""
+    described = [(leaf.path, repr((leaf.kind, leaf.dtype, leaf.shape, leaf.shard)), leaf.nbytes)
+                 for leaf in leaves]  # fmt: skip
     listing: Any = None
     if coord.leader:
         try:
             listing = ("ok", (frozenset(store.steps()), secrets.token_hex(8)))
         except Exception as exc:  # every rank must hear of it, or the others would wait forever
             listing = ("error", exc)
-    gathered = coord.all_gather((listing, offers), "planning a save")
+    gathered = coord.all_gather((listing, described), "planning a save")
     outcome = gathered[0][0]
     if outcome[0] == "error":
         error = outcome[1]
         raise error if isinstance(error, Exception) else CoordinationError(str(error))
     committed, attempt = outcome[1]
-    plan = assign([rank_offers for _, rank_offers in gathered])
+    held = Counter(item[:2] for _, rank_items in gathered for item in rank_items)
+    alike = [[i for i, item in enumerate(rank_items) if held[item[:2]] > 1] for _, rank_items in gathered]
+    digests = {i: _hash(leaves[i]) for i in alike[coord.rank]}
+    hashes = coord.all_gather(digests, "planning a save") if any(alike) else [{}] * coord.world
+    offers = [  # an array hashed by no rank is one of a kind: its rank writes it
+        [Offer(path, key + hashes[rank].get(i, f" of rank {rank}"), nbytes)
+         for i, (path, key, nbytes) in enumerate(items)]
+        for rank, (_, items) in enumerate(gathered)
+    ]  # fmt: skip
+    plan = assign(offers)
     return StepPlan(committed, attempt, plan, plan.writes(coord.rank), digests)
+
+
+def _hash(leaf: ArrayLeaf) -> str:
+    return xxhash.xxh3_64_hexdigest(view_bytes(leaf).reshape(-1).view(np.uint8).data)
 
 
 def save_step(
@@ -153,7 +168,7 @@ def _write_part(
         for i, array in zip(planned.writes, arrays, strict=True):
             leaf = leaves[i]
             encoded = planner.encode(leaf, array, step, committed)
-            hashed = planned.digests[i] if encoded.codec.codec_id == "raw" else None  # the same bytes
+            hashed = planned.digests.get(i) if encoded.codec.codec_id == "raw" else None  # the same bytes
             file, offset, nbytes, digest = writer.write_payload(encoded.payload, hashed)
             config = encoded.codec.get_config()
             shard = None if leaf.shard is None else (leaf.shard.global_shape, leaf.shard.offset)
