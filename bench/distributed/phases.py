@@ -17,9 +17,9 @@ PHASES: dict[tuple[str, str, str], str] = {
     ("crashsafe.saving", "", "flatten"): "stall: of which walking the state (state_dict, optimizer)",
     ("crashsafe.state.staging", "StagingPool", "capture"): "stall: of which the copy into staging",
     (
-        "crashsafe.saving",
-        "",
-        "plan_step",
+        "crashsafe.distributed.saving",
+        "ReplicaPlanner",
+        "plan",
     ): "stall: of which planning (describe, hash what ranks hold alike, 2 exchanges)",
     (
         "crashsafe.distributed.group",

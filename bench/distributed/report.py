@@ -307,19 +307,20 @@ def _why_section(results: dict[str, Any]) -> list[str]:
         "",
         *cases,
         "",
-        "A DDP rank holds the whole replicated state, and crashsafe's async save copies all of it into "
-        "staging (the stall) and hashes all of it (to find the replicas by content) before each rank "
-        "writes its 1/N; an FSDP rank copies and hashes only its shard. `dcp.save` copies and hashes "
-        "nothing: each rank writes its 1/N straight from the live tensors. So with DDP the floor of "
-        "any copy-first async save, copy + raw write, is already close to `dcp.save` (the floor "
-        "column), and crashsafe's hash, its checksummed write (per case above, beside raw's plain "
-        "`write` of the same share) and the wait for the slowest rank put it above. A mixed case's best "
-        "save met the target and its median did not (the spread is in the tables below). The persist "
-        "path alone "
-        f"(crashsafe sync, no copy, no staging) is {_sync_range(results)}. Reaching the target for DDP "
-        "needs a smaller snapshot: stage and hash only the arrays a rank writes, i.e. trust that DDP "
-        "replicas are identical, as DCP does, instead of checking it by content (docs/distributed.md "
-        "names that price). The stall target is met either way.",
+        "A DDP rank holds the whole replicated state. crashsafe hashes all of it where it lives, in the "
+        "save call, to find the replicas by content (a tensor that ranks hold under one name with "
+        "different values is kept for each rank, where DCP keeps one rank's copy without reading it: "
+        "`.venv/bin/python -m bench.distributed.replicas`), then copies and writes only its 1/N share; "
+        "the hash of what it writes is also its checksum. An FSDP2 rank hashes only what other ranks "
+        "hold alike (its RNG state, step counters), not its shards. `dcp.save` neither copies nor reads "
+        "what the other ranks write: each rank writes its 1/N straight from the live tensors. The floor "
+        "of a save that verifies replicas and copies before it writes, its stall + a plain write of its "
+        "share (the floor column), is therefore near `dcp.save` where N ranks hash N replicas on these "
+        "2 cores, and the exchanges wait for the slowest rank. A mixed case's best save met the target "
+        "and its median did not (the spread is in the tables below). The persist path alone (crashsafe "
+        f"sync, no copy, no staging) is {_sync_range(results)}. Going below the floor takes trusting "
+        "that same-named tensors are identical, as DCP does, which restores another rank's values when "
+        "they are not; crashsafe does not trade that for speed (docs/distributed.md names the price).",
         "",
     ]
 

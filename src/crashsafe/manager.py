@@ -180,8 +180,8 @@ class CheckpointManager:
             self._mirror.retry()
         self._check_store(store, f"saving step {step}")
         cleaned = clean_metrics(metrics)
-        coord = self._collective.coord if self._collective else None
-        snapshot, planned = take_snapshot(state, store, self._pool, coord, checked=bool(self._stats))
+        replicas = self._collective.replicas if self._collective else None
+        snapshot, planned = take_snapshot(state, store, self._pool, replicas, checked=bool(self._stats))
         committed = planned.committed if planned else frozenset(store.steps())
         if step in committed:  # distributed: rank 0's listing, or a late rank skips the replacement
             self._replace_damaged(store, step)

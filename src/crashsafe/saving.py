@@ -15,8 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from crashsafe.distributed.group import Coordinator
-from crashsafe.distributed.saving import StepPlan, plan_step
+from crashsafe.distributed.saving import ReplicaPlanner, StepPlan
 from crashsafe.encoding import SavePlanner
 from crashsafe.format.manifest import Manifest, PayloadEntry
 from crashsafe.state.snapshot import fast_copy
@@ -85,19 +84,19 @@ def save_step(
 
 
 def take_snapshot(
-    state: object, store: Store, pool: StagingPool | None, coord: Coordinator | None, *, checked: bool
+    state: object, store: Store, pool: StagingPool | None, replicas: ReplicaPlanner | None, *, checked: bool
 ) -> tuple[Callable[[], Snapshot], StepPlan | None]:
     """The state copied into ``pool`` for a background save (no pool: viewed in place, for a save
     that writes before it returns), as a function giving its snapshot; and, for a rank of a
-    distributed save (``coord``), the plan the ranks agreed. Once a save ``checked`` the state in
-    full, one process copies it in one walk and the background thread flattens the copy: the
-    training thread pays for the copy, not for the checks."""
-    if pool is not None and coord is None and checked:
+    distributed save (``replicas``: its planner), the plan the ranks agreed. Once a save ``checked``
+    the state in full, one process copies it in one walk and the background thread flattens the
+    copy: the training thread pays for the copy, not for the checks."""
+    if pool is not None and replicas is None and checked:
         copied = fast_copy(state, pool)  # None: a state it cannot judge, checked in full below
         if copied is not None:
             return lambda: _snapshot_of(copied), None
     tree, leaves = flatten(state)
-    planned = plan_step(coord, store, leaves) if coord is not None else None
+    planned = replicas.plan(store, leaves) if replicas is not None else None
     staged = [leaves[i] for i in planned.writes] if planned else leaves  # a rank stages what it writes
     arrays = [view_bytes(leaf) for leaf in staged] if pool is None else pool.capture(staged)
     return lambda: (tree, leaves, arrays), planned

@@ -161,13 +161,17 @@ def test_restore_reads_each_part_into_live_memory_and_falls_back_whole(tmp_path:
 def test_a_tensor_that_differs_between_ranks_is_kept_for_each(tmp_path: Path, launch: Any) -> None:
     """Replicas are found by content, not by name: a tensor each rank holds under one name with its
     own values is written by each rank and each restores its own (DCP keeps rank 0's for all:
-    bench/distributed/replicas.py); one every rank holds alike is written once."""
+    bench/distributed/replicas.py); one every rank holds alike is written once. So at every save:
+    the first, one whose arrays changed, one after a rank forgot what the ranks held, a steady one."""
     ranks = launch("differing.py", 2, tmp_path / "ckpt")
     lines = [json.loads(proc.stdout.readline()) for proc, _ in ranks.procs if proc.stdout is not None]
     assert ranks.wait() == [0, 0]
-    assert lines == [{"mine": 1.0, "same": 1.0}, {"mine": 2.0, "same": 1.0}]
-    paths = [p.path for p in cs.CheckpointManager(tmp_path / "ckpt", read_only=True).manifest().payloads]
-    assert sorted(paths) == ["mine", "mine", "same"]
+    assert lines == [{"mine": 4.0, "same": 4.0, "extra": 7.0}, {"mine": 8.0, "same": 4.0, "extra": 7.0}]
+    reader = cs.CheckpointManager(tmp_path / "ckpt", read_only=True)
+    for step in (1, 2, 3, 4):
+        paths = sorted(p.path for p in reader.manifest(step).payloads)
+        assert paths == (["mine", "mine", "same"] if step == 1 else ["extra", "mine", "mine", "same"])
+    assert cs.verify(tmp_path / "ckpt").ok
 
 
 @pytest.mark.slow

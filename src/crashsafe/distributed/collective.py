@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from crashsafe.distributed.group import Coordinator, distributed_group
+from crashsafe.distributed.saving import ReplicaPlanner
 from crashsafe.distributed.shards import Targets
 from crashsafe.errors import (
     CorruptCheckpointError,
@@ -47,6 +48,7 @@ class Collective:
 
     def __init__(self, group: Any, timeout: float) -> None:
         self.coord = Coordinator(group, timeout)
+        self.replicas = ReplicaPlanner(self.coord)  # plans this rank's saves
 
     @property
     def rank(self) -> int:

@@ -1,6 +1,6 @@
 """One distributed step: every rank writes its part, rank 0 commits the whole, or nobody does.
 
-1. on the training thread, before the snapshot (:func:`plan_step`): every rank describes its
+1. on the training thread, before the snapshot (:class:`ReplicaPlanner`): every rank describes its
    arrays (path, type, shape, shard placement, bytes), rank 0 adds its listing of the committed
    steps and names the attempt; arrays that several ranks hold alike are hashed where they live and
    the hashes exchanged; from the gathered offers every rank computes the same plan
@@ -46,7 +46,7 @@ from crashsafe.state.tree import ArrayLeaf
 from crashsafe.storage.base import Store
 from crashsafe.storage.writer import StepWriter
 
-__all__ = ["StepPlan", "plan_step", "save_step"]
+__all__ = ["ReplicaPlanner", "StepPlan", "save_step"]
 
 
 @dataclass(frozen=True)
@@ -61,38 +61,69 @@ class StepPlan:
     digests: dict[int, str]  # array index -> xxh3 of its bytes, for the arrays hashed to plan
 
 
-def plan_step(coord: Coordinator, store: Store, leaves: list[ArrayLeaf]) -> StepPlan:
-    """Plan the writes, on the training thread (every rank waits for the others to reach the save).
+_Described = tuple[str, str, int]  # an array as the other ranks see it: path, what it is, bytes
 
-    First every rank sends what it holds (path, type, shape, shard placement, bytes) and rank 0 its
+
+class ReplicaPlanner:
+    """Plans each save of one rank (step 1 of the module doc), on the training thread: every rank
+    waits for the others to reach the save.
+
+    Every rank sends what it holds (path, type, shape, shard placement, bytes) and rank 0 its
     listing; an array that no other rank holds alike (an FSDP2 shard) is its own rank's to write,
     unread. Arrays held alike by several ranks (a DDP replica's, each rank's RNG state) are hashed
-    where they live and their hashes exchanged: equal bytes are written once, by one holder."""
-    described = [(leaf.path, repr((leaf.kind, leaf.dtype, leaf.shape, leaf.shard)), leaf.nbytes)
-                 for leaf in leaves]  # fmt: skip
-    listing: Any = None
-    if coord.leader:
-        try:
-            listing = ("ok", (frozenset(store.steps()), secrets.token_hex(8)))
-        except Exception as exc:  # every rank must hear of it, or the others would wait forever
-            listing = ("error", exc)
-    gathered = coord.all_gather((listing, described), "planning a save")
-    outcome = gathered[0][0]
-    if outcome[0] == "error":
-        error = outcome[1]
-        raise error if isinstance(error, Exception) else CoordinationError(str(error))
-    committed, attempt = outcome[1]
-    held = Counter(item[:2] for _, rank_items in gathered for item in rank_items)
-    alike = [[i for i, item in enumerate(rank_items) if held[item[:2]] > 1] for _, rank_items in gathered]
-    digests = {i: _hash(leaves[i]) for i in alike[coord.rank]}
-    hashes = coord.all_gather(digests, "planning a save") if any(alike) else [{}] * coord.world
-    offers = [  # an array hashed by no rank is one of a kind: its rank writes it
-        [Offer(path, key + hashes[rank].get(i, f" of rank {rank}"), nbytes)
-         for i, (path, key, nbytes) in enumerate(items)]
-        for rank, (_, items) in enumerate(gathered)
-    ]  # fmt: skip
-    plan = assign(offers)
-    return StepPlan(committed, attempt, plan, plan.writes(coord.rank), digests)
+    where they live and their hashes exchanged: equal bytes are written once, by one holder. What
+    every rank held at the last save is remembered: while a rank's arrays are unchanged it sends
+    only the hashes of those held alike, so a steady run plans in one exchange (two after a change).
+    """
+
+    def __init__(self, coord: Coordinator) -> None:
+        self.coord = coord
+        self._described: list[list[_Described]] | None = None  # every rank's arrays at the last save
+        self._alike: list[list[int]] = []  # per rank: its arrays that other ranks held alike
+
+    def plan(self, store: Store, leaves: list[ArrayLeaf]) -> StepPlan:
+        coord, last = self.coord, self._described
+        self._described = None  # forgotten until this plan is agreed: a failed exchange leaves no memory
+        described = [(leaf.path, repr((leaf.kind, leaf.dtype, leaf.shape, leaf.shard)), leaf.nbytes)
+                     for leaf in leaves]  # fmt: skip
+        same = last is not None and last[coord.rank] == described
+        digests = {i: _hash(leaves[i]) for i in self._alike[coord.rank]} if same else {}
+        listing: Any = None
+        if coord.leader:
+            try:
+                listing = ("ok", (frozenset(store.steps()), secrets.token_hex(8)))
+            except Exception as exc:  # every rank must hear of it, or the others would wait forever
+                listing = ("error", exc)
+        sent = None if same else described
+        gathered = coord.all_gather((listing, sent, digests, last is not None), "planning a save")
+        outcome = gathered[0][0]
+        if outcome[0] == "error":
+            error = outcome[1]
+            raise error if isinstance(error, Exception) else CoordinationError(str(error))
+        committed, attempt = outcome[1]
+        hashes = [rank_digests for _, _, rank_digests, _ in gathered]
+        alike = self._alike
+        forgot = not all(remembers for *_, remembers in gathered)  # a rank's plan failed: describe anew
+        if forgot:
+            held = coord.all_gather(described, "planning a save")
+        else:
+            assert last is not None
+            held = [items if items is not None else last[r] for r, (_, items, _, _) in enumerate(gathered)]
+        # a rank's arrays changed, or a rank forgot: which arrays several ranks hold alike, anew
+        # (decided from what every rank sent, so every rank takes the same exchanges)
+        if forgot or any(items is not None for _, items, _, _ in gathered):
+            counts = Counter(item[:2] for items in held for item in items)
+            alike = [[i for i, item in enumerate(items) if counts[item[:2]] > 1] for items in held]
+            digests = {i: digests[i] if i in digests else _hash(leaves[i]) for i in alike[coord.rank]}
+            hashes = coord.all_gather(digests, "planning a save") if any(alike) else [{}] * coord.world
+        self._described, self._alike = held, alike
+        offers = [  # an array hashed by no rank is one of a kind: its rank writes it
+            [Offer(path, key + hashes[rank].get(i, f" of rank {rank}"), nbytes)
+             for i, (path, key, nbytes) in enumerate(items)]
+            for rank, items in enumerate(held)
+        ]  # fmt: skip
+        plan = assign(offers)
+        return StepPlan(committed, attempt, plan, plan.writes(coord.rank), digests)
 
 
 def _hash(leaf: ArrayLeaf) -> str:

@@ -1,6 +1,8 @@
-"""Save a tensor each rank holds under one name with its own values, and one every rank holds alike.
+"""Save a tensor each rank holds under one name with its own values, and ones every rank holds alike.
 
-Usage: differing.py DIR. Each rank prints the first value of each tensor it restored (JSON).
+Usage: differing.py DIR. Four saves: the second adds a tensor (the ranks plan anew), rank 1 then
+forgets what the ranks held (as after a failed plan), the fourth is a steady save. Each rank prints
+the first value of each tensor it restored (JSON).
 """
 
 import json
@@ -16,9 +18,15 @@ from crashsafe.manager import CheckpointManager
 def main() -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    with CheckpointManager(sys.argv[1]) as mgr:
-        mgr.save(1, {"mine": torch.full((1024,), float(rank + 1)), "same": torch.ones(1024)})
-        back = {"mine": torch.zeros(1024), "same": torch.zeros(1024)}
+    mine, ones = torch.full((1024,), float(rank + 1)), torch.ones(1024)
+    with CheckpointManager(sys.argv[1], keep_last=None) as mgr:
+        mgr.save(1, {"mine": mine, "same": ones})
+        mgr.save(2, {"mine": mine * 2, "same": ones, "extra": ones * 7})
+        if rank == 1:
+            mgr._collective.replicas._described = None  # type: ignore[union-attr]
+        mgr.save(3, {"mine": mine * 3, "same": ones, "extra": ones * 7})
+        mgr.save(4, {"mine": mine * 4, "same": ones * 4, "extra": ones * 7})
+        back = {"mine": torch.zeros(1024), "same": torch.zeros(1024), "extra": torch.zeros(1024)}
         mgr.restore(back)
     print(json.dumps({k: v[0].item() for k, v in back.items()}), flush=True)
     leave()
