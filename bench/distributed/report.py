@@ -25,7 +25,7 @@ def state_bytes(size_mib: int) -> int:
 
 
 PHASE_KEYS = {
-    "hash": "stall: of which planning (describe, hash what ranks hold alike, 2 exchanges)",
+    "hash": "planning (describe, hash what ranks hold alike, exchange): DDP in the stall, FSDP2 after it",
     "copy": "stall: of which the copy into staging",
     "gather": "all_gather offers (in the stall) + reports (waits for the slowest rank)",
     "write": "write this rank's part (encode, write, checksum, fsync)",

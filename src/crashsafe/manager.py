@@ -23,7 +23,7 @@ from crashsafe._metrics import clean_metrics
 from crashsafe.chain import direct_bases, doomed_steps, protected_steps
 from crashsafe.distributed.collective import collective_for
 from crashsafe.distributed.group import DEFAULT_TIMEOUT
-from crashsafe.distributed.saving import StepPlan
+from crashsafe.distributed.saving import Listing
 from crashsafe.distributed.saving import save_step as save_collective
 from crashsafe.encoding import CodecSpec, SavePlanner
 from crashsafe.errors import (
@@ -288,7 +288,7 @@ class CheckpointManager:
         self,
         store: Store,
         step: int,
-        committed: frozenset[int] | StepPlan,  # a distributed save: what the ranks agreed
+        committed: frozenset[int] | Listing,  # a distributed save: what the ranks agreed
         snapshot: Callable[[], Snapshot],
         metrics: dict[str, Any],
         stall: float,
@@ -296,11 +296,11 @@ class CheckpointManager:
         begin = time.perf_counter()
         info = {"crashsafe": _VERSION}
         tree, leaves, arrays = snapshot()
-        if isinstance(committed, StepPlan):
+        if isinstance(committed, Listing):
             assert self._collective is not None
             manifest = save_collective(
-                self._collective.coord, store, self._planner, step, committed, tree, leaves, arrays, metrics,
-                info, self._retain,
+                self._collective.replicas, store, self._planner, step, committed, tree, leaves, arrays,
+                metrics, info, self._retain,
             )  # fmt: skip
             persisted = time.perf_counter() - begin  # committed for every rank; rank 0 applied retention
         else:

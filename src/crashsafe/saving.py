@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from crashsafe.distributed.saving import ReplicaPlanner, StepPlan
+from crashsafe.distributed.saving import Listing, ReplicaPlanner
 from crashsafe.encoding import SavePlanner
 from crashsafe.format.manifest import Manifest, PayloadEntry
 from crashsafe.state.snapshot import fast_copy
@@ -85,10 +85,11 @@ def save_step(
 
 def take_snapshot(
     state: object, store: Store, pool: StagingPool | None, replicas: ReplicaPlanner | None, *, checked: bool
-) -> tuple[Callable[[], Snapshot], StepPlan | None]:
+) -> tuple[Callable[[], Snapshot], Listing | None]:
     """The state copied into ``pool`` for a background save (no pool: viewed in place, for a save
     that writes before it returns), as a function giving its snapshot; and, for a rank of a
-    distributed save (``replicas``: its planner), the plan the ranks agreed. Once a save ``checked``
+    distributed save (``replicas``: its planner), the plan the ranks agreed (or, when the plan is to
+    be made in the background, rank 0's listing). Once a save ``checked``
     the state in full, one process copies it in one walk and the background thread flattens the
     copy: the training thread pays for the copy, not for the checks."""
     if pool is not None and replicas is None and checked:
@@ -96,8 +97,13 @@ def take_snapshot(
         if copied is not None:
             return lambda: _snapshot_of(copied), None
     tree, leaves = flatten(state)
-    planned = replicas.plan(store, leaves) if replicas is not None else None
-    staged = [leaves[i] for i in planned.writes] if planned else leaves  # a rank stages what it writes
+    planned: Listing | None = None
+    staged = leaves
+    if replicas is not None and replicas.first:  # a rank copies only what it writes
+        planned = replicas.plan(leaves, lambda i: view_bytes(leaves[i]), store)
+        staged = [leaves[i] for i in planned.writes]
+    elif replicas is not None:  # it copies everything; the plan is made from the copies
+        planned = replicas.listing(store)
     arrays = [view_bytes(leaf) for leaf in staged] if pool is None else pool.capture(staged)
     return lambda: (tree, leaves, arrays), planned
 

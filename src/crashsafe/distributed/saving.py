@@ -1,17 +1,19 @@
 """One distributed step: every rank writes its part, rank 0 commits the whole, or nobody does.
 
-1. on the training thread, before the snapshot (:class:`ReplicaPlanner`): every rank describes its
-   arrays (path, type, shape, shard placement, bytes), rank 0 adds its listing of the committed
-   steps and names the attempt; arrays that several ranks hold alike are hashed where they live and
-   the hashes exchanged; from the gathered offers every rank computes the same plan
-   (:mod:`crashsafe.distributed.plan`) and then stages only the arrays it writes (a DDP rank
-   copies 1/N of its replica, not all of it);
+1. every rank describes its arrays (path, type, shape, shard placement, bytes) and rank 0 adds
+   its listing of the committed steps and names the attempt; arrays that several ranks hold alike
+   are hashed and the hashes exchanged; from the gathered offers every rank computes the same plan
+   (:class:`ReplicaPlanner`, :mod:`crashsafe.distributed.plan`). Where the last plan had ranks
+   skip much of what they hold (DDP), this runs in the save call, before the snapshot, and each
+   rank copies only the arrays it writes (1/N of a DDP replica); otherwise (FSDP2) the save call
+   takes rank 0's listing alone, copies every array, and the plan is made in the background;
 
-In each rank's background persist thread (:func:`save_step`):
+Then in each rank's background persist thread (:func:`save_step`):
 
 2. each rank encodes and writes the arrays it was given into its own file of the step's shared
-   temporary place, and makes it durable (a raw payload's checksum is the hash taken in step 1:
-   its bytes are hashed once, where they live, so a faulty copy is caught when it is read);
+   temporary place, and makes it durable (a raw payload hashed in step 1 keeps that hash as its
+   checksum: hashed once, and when hashed in the save call, before the copy, so a faulty copy is
+   caught when it is read);
 3. every rank's payload entries, tree and file sizes go to rank 0, which writes the global manifest
    (per-rank trees pointing at the payloads they use) and commits it with the store's protocol
    (rename, or manifest last), then applies retention;
@@ -41,23 +43,30 @@ from crashsafe.encoding import SavePlanner
 from crashsafe.errors import CoordinationError, CrashsafeError
 from crashsafe.format.manifest import Manifest, PayloadEntry
 from crashsafe.loading import ARRAY_NODES
-from crashsafe.state.staging import view_bytes
 from crashsafe.state.tree import ArrayLeaf
 from crashsafe.storage.base import Store
 from crashsafe.storage.writer import StepWriter
 
-__all__ = ["ReplicaPlanner", "StepPlan", "save_step"]
+__all__ = ["Listing", "ReplicaPlanner", "StepPlan", "save_step"]
+
+PLAN_FIRST_FROM = 1 << 20  # bytes a rank holds but does not write, from which saves plan first
 
 
 @dataclass(frozen=True)
-class StepPlan:
-    """What every rank agreed before its snapshot: the committed steps (rank 0's listing), the
-    attempt's name, who writes what, and the xxh3 of this rank's arrays that it hashed."""
+class Listing:
+    """Rank 0's word on a save, on every rank: the committed steps and the attempt's name."""
 
     committed: frozenset[int]
     attempt: str
+
+
+@dataclass(frozen=True)
+class StepPlan(Listing):
+    """What every rank agreed for a save: who writes what, and the xxh3 of this rank's arrays
+    that it hashed to plan (a raw payload's checksum: the same bytes)."""
+
     plan: Plan
-    writes: list[int]  # indices of this rank's arrays that it writes (and so stages)
+    writes: list[int]  # indices of this rank's arrays that it writes
     digests: dict[int, str]  # array index -> xxh3 of its bytes, for the arrays hashed to plan
 
 
@@ -65,33 +74,51 @@ _Described = tuple[str, str, int]  # an array as the other ranks see it: path, w
 
 
 class ReplicaPlanner:
-    """Plans each save of one rank (step 1 of the module doc), on the training thread: every rank
-    waits for the others to reach the save.
+    """Plans each save of one rank: who writes what (step 1 of the module doc).
 
-    Every rank sends what it holds (path, type, shape, shard placement, bytes) and rank 0 its
-    listing; an array that no other rank holds alike (an FSDP2 shard) is its own rank's to write,
-    unread. Arrays held alike by several ranks (a DDP replica's, each rank's RNG state) are hashed
-    where they live and their hashes exchanged: equal bytes are written once, by one holder. What
-    every rank held at the last save is remembered: while a rank's arrays are unchanged it sends
-    only the hashes of those held alike, so a steady run plans in one exchange (two after a change).
+    Every rank sends what it holds (path, type, shape, shard placement, bytes); an array that no
+    other rank holds alike (an FSDP2 shard) is its own rank's to write, unread. Arrays held alike
+    by several ranks (a DDP replica's, each rank's RNG state) are hashed and their hashes exchanged:
+    equal bytes are written once, by one holder. What every rank held at the last save is
+    remembered: while a rank's arrays are unchanged it sends only the hashes of those held alike,
+    so a steady run plans in one exchange (two after a change).
+
+    Where it plans follows the last plan, which every rank knows alike: where ranks skip writing
+    much of what they hold (DDP), in the save call, before the snapshot, so that each rank copies
+    only what it writes; otherwise (FSDP2, or nothing known yet) the save call takes rank 0's
+    listing alone, every array is copied, and the plan is made in the background from the copies,
+    so the training thread waits for the other ranks once, briefly.
     """
 
     def __init__(self, coord: Coordinator) -> None:
         self.coord = coord
+        self.first = True  # plan in the save call (the ranks agree on it at every plan)
         self._described: list[list[_Described]] | None = None  # every rank's arrays at the last save
         self._alike: list[list[int]] = []  # per rank: its arrays that other ranks held alike
 
-    def plan(self, store: Store, leaves: list[ArrayLeaf]) -> StepPlan:
+    def listing(self, store: Store) -> Listing:
+        """Rank 0's listing and a new attempt's name, on every rank (a save planned later)."""
+
+        def new() -> Listing:
+            return Listing(frozenset(store.steps()), secrets.token_hex(8))
+
+        return self.coord.agree(new, "listing steps")
+
+    def plan(
+        self, leaves: list[ArrayLeaf], bytes_of: Callable[[int], np.ndarray[Any, Any]], store: Store | Listing
+    ) -> StepPlan:
+        """The plan of a save whose arrays ``bytes_of(i)`` gives (the live ones, or their copies);
+        rank 0 lists ``store`` in the same exchange, unless the listing is already known."""
         coord, last = self.coord, self._described
         self._described = None  # forgotten until this plan is agreed: a failed exchange leaves no memory
         described = [(leaf.path, repr((leaf.kind, leaf.dtype, leaf.shape, leaf.shard)), leaf.nbytes)
                      for leaf in leaves]  # fmt: skip
         same = last is not None and last[coord.rank] == described
-        digests = {i: _hash(leaves[i]) for i in self._alike[coord.rank]} if same else {}
-        listing: Any = None
-        if coord.leader:
+        digests = {i: _hash(bytes_of(i)) for i in self._alike[coord.rank]} if same else {}
+        listing: Any = ("ok", store) if isinstance(store, Listing) else None
+        if coord.leader and not isinstance(store, Listing):
             try:
-                listing = ("ok", (frozenset(store.steps()), secrets.token_hex(8)))
+                listing = ("ok", Listing(frozenset(store.steps()), secrets.token_hex(8)))
             except Exception as exc:  # every rank must hear of it, or the others would wait forever
                 listing = ("error", exc)
         sent = None if same else described
@@ -100,7 +127,6 @@ class ReplicaPlanner:
         if outcome[0] == "error":
             error = outcome[1]
             raise error if isinstance(error, Exception) else CoordinationError(str(error))
-        committed, attempt = outcome[1]
         hashes = [rank_digests for _, _, rank_digests, _ in gathered]
         alike = self._alike
         forgot = not all(remembers for *_, remembers in gathered)  # a rank's plan failed: describe anew
@@ -114,28 +140,31 @@ class ReplicaPlanner:
         if forgot or any(items is not None for _, items, _, _ in gathered):
             counts = Counter(item[:2] for items in held for item in items)
             alike = [[i for i, item in enumerate(items) if counts[item[:2]] > 1] for items in held]
-            digests = {i: digests[i] if i in digests else _hash(leaves[i]) for i in alike[coord.rank]}
+            digests = {i: digests[i] if i in digests else _hash(bytes_of(i)) for i in alike[coord.rank]}
             hashes = coord.all_gather(digests, "planning a save") if any(alike) else [{}] * coord.world
-        self._described, self._alike = held, alike
         offers = [  # an array hashed by no rank is one of a kind: its rank writes it
             [Offer(path, key + hashes[rank].get(i, f" of rank {rank}"), nbytes)
              for i, (path, key, nbytes) in enumerate(items)]
             for rank, items in enumerate(held)
         ]  # fmt: skip
         plan = assign(offers)
-        return StepPlan(committed, attempt, plan, plan.writes(coord.rank), digests)
+        skipped = [sum(n for *_, n in items) - plan.bytes_per_rank[r] for r, items in enumerate(held)]
+        self.first = max(skipped) >= PLAN_FIRST_FROM  # ranks copying much they do not write: plan first
+        self._described, self._alike = held, alike
+        found: Listing = outcome[1]
+        return StepPlan(found.committed, found.attempt, plan, plan.writes(coord.rank), digests)
 
 
-def _hash(leaf: ArrayLeaf) -> str:
-    return xxhash.xxh3_64_hexdigest(view_bytes(leaf).reshape(-1).view(np.uint8).data)
+def _hash(array: np.ndarray[Any, Any]) -> str:
+    return xxhash.xxh3_64_hexdigest(array.reshape(-1).view(np.uint8).data)
 
 
 def save_step(
-    coord: Coordinator,
+    replicas: ReplicaPlanner,
     store: Store,
     planner: SavePlanner,
     step: int,
-    planned: StepPlan,
+    planned: Listing,
     tree: dict[str, Any],
     leaves: list[ArrayLeaf],
     arrays: list[np.ndarray[Any, Any]],
@@ -143,9 +172,15 @@ def save_step(
     info: dict[str, Any],
     retain: Callable[[Manifest], None],
 ) -> Manifest:
-    """Save this rank's part of ``step`` (``arrays``: the snapshot of the arrays it writes, in
-    ``planned.writes`` order) and commit the whole with the other ranks; return the committed
-    manifest (the same on every rank)."""
+    """Save this rank's part of ``step`` and commit the whole with the other ranks; return the
+    committed manifest (the same on every rank). ``arrays``: the snapshot of the arrays the rank
+    writes, in ``planned.writes`` order, or of every array when ``planned`` is a listing alone
+    (the plan is made here, from the copies)."""
+    coord = replicas.coord
+    if not isinstance(planned, StepPlan):
+        copies = arrays
+        planned = replicas.plan(leaves, lambda i: copies[i], planned)
+        arrays = [copies[i] for i in planned.writes]
     committed = planned.committed - {step}  # a damaged step saved again was deleted first
     writer, entries, problem = _write_part(coord, store, planner, step, committed, leaves, arrays, planned)
     reports = coord.all_gather(
