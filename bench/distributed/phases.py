@@ -19,11 +19,6 @@ PHASES: dict[tuple[str, str, str], str] = {
     (
         "crashsafe.distributed.saving",
         "ReplicaPlanner",
-        "listing",
-    ): "stall: of which rank 0's listing (FSDP2: the plan is made after the stall)",
-    (
-        "crashsafe.distributed.saving",
-        "ReplicaPlanner",
         "plan",
     ): "planning (describe, hash what ranks hold alike, exchange): DDP in the stall, FSDP2 after it",
     (

@@ -406,14 +406,14 @@ def report(
         "",
         *targets(results),
         "",
-        "The last columns are ceilings. crashsafe's stall is its snapshot: it hashes every array of the "
-        "rank where it lives (to find replicas by content) and copies the arrays the rank writes (1/N of "
-        "a DDP replica, an FSDP2 rank's shards) into kept buffers; DCP's cached stager copies the whole "
-        "state (plus `get_state_dict`). A save that verifies replicas and copies before it writes cannot "
-        "be durable sooner than its snapshot + a plain write of its share: `(crashsafe's stall + raw) / "
-        "dcp.save` is that floor, while `dcp.save` writes straight from the live tensors and neither "
-        "copies nor reads what other ranks write. crashsafe sync does not copy: its ratio is the "
-        "persist path alone (with the hash).",
+        "The last columns are ceilings. crashsafe's stall is its snapshot: a DDP rank hashes its "
+        "replica where it lives (to find replicas by content) and copies the 1/N it writes into kept "
+        "buffers; an FSDP2 rank copies its shards (its plan is made after the stall); DCP's cached "
+        "stager copies the whole state (plus `get_state_dict`). A save that verifies replicas and copies "
+        "before it writes cannot be durable sooner than its snapshot + a plain write of its share: "
+        "`(crashsafe's stall + raw) / dcp.save` is that floor, while `dcp.save` writes straight from "
+        "the live tensors and neither copies nor reads what other ranks write. crashsafe sync does not "
+        "copy: its ratio is the persist path alone (with the hash).",
         "",
         "## Where crashsafe's durable time goes",
         "",

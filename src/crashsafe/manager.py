@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import time
 import warnings
@@ -183,7 +184,7 @@ class CheckpointManager:
         replicas = self._collective.replicas if self._collective else None
         snapshot, planned = take_snapshot(state, store, self._pool, replicas, checked=bool(self._stats))
         committed = planned.committed if planned else frozenset(store.steps())
-        if step in committed:  # distributed: rank 0's listing, or a late rank skips the replacement
+        if step in committed:  # distributed: rank 0's listing (PLAN_LATER: checked in the background)
             self._replace_damaged(store, step)
             committed -= {step}
         stall = time.perf_counter() - begin
@@ -300,7 +301,7 @@ class CheckpointManager:
             assert self._collective is not None
             manifest = save_collective(
                 self._collective.replicas, store, self._planner, step, committed, tree, leaves, arrays,
-                metrics, info, self._retain,
+                metrics, info, self._retain, functools.partial(self._replace_damaged, store),
             )  # fmt: skip
             persisted = time.perf_counter() - begin  # committed for every rank; rank 0 applied retention
         else:
@@ -448,6 +449,8 @@ class CheckpointManager:
 
     def steps(self) -> list[int]:
         """Committed steps, ascending (of either tier, with a mirror)."""
+        if self._collective is not None and not self._closed:
+            self._wait_pending()  # one exchange at a time on the ranks' group: never beside a persist
         with self._reading() as stores:
             if self._collective is not None:
                 return self._collective.steps(stores[0])

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from crashsafe.distributed.saving import Listing, ReplicaPlanner
+from crashsafe.distributed.saving import PLAN_LATER, Listing, ReplicaPlanner
 from crashsafe.encoding import SavePlanner
 from crashsafe.format.manifest import Manifest, PayloadEntry
 from crashsafe.state.snapshot import fast_copy
@@ -88,8 +88,8 @@ def take_snapshot(
 ) -> tuple[Callable[[], Snapshot], Listing | None]:
     """The state copied into ``pool`` for a background save (no pool: viewed in place, for a save
     that writes before it returns), as a function giving its snapshot; and, for a rank of a
-    distributed save (``replicas``: its planner), the plan the ranks agreed (or, when the plan is to
-    be made in the background, rank 0's listing). Once a save ``checked``
+    distributed save (``replicas``: its planner), the plan the ranks agreed (or PLAN_LATER: the plan
+    is made in the background). Once a save ``checked``
     the state in full, one process copies it in one walk and the background thread flattens the
     copy: the training thread pays for the copy, not for the checks."""
     if pool is not None and replicas is None and checked:
@@ -103,7 +103,7 @@ def take_snapshot(
         planned = replicas.plan(leaves, lambda i: view_bytes(leaves[i]), store)
         staged = [leaves[i] for i in planned.writes]
     elif replicas is not None:  # it copies everything; the plan is made from the copies
-        planned = replicas.listing(store)
+        planned = PLAN_LATER
     arrays = [view_bytes(leaf) for leaf in staged] if pool is None else pool.capture(staged)
     return lambda: (tree, leaves, arrays), planned
 

@@ -162,11 +162,14 @@ def test_a_tensor_that_differs_between_ranks_is_kept_for_each(tmp_path: Path, la
     """Replicas are found by content, not by name: a tensor each rank holds under one name with its
     own values is written by each rank and each restores its own (DCP keeps rank 0's for all:
     bench/distributed/replicas.py); one every rank holds alike is written once. So at every save:
-    the first, one whose arrays changed, one after a rank forgot what the ranks held, a steady one."""
+    the first, one whose arrays changed, one after a rank forgot what the ranks held, a steady one.
+    A save of a committed step planned in the background is refused there, on every rank."""
     ranks = launch("differing.py", 2, tmp_path / "ckpt")
-    lines = [json.loads(proc.stdout.readline()) for proc, _ in ranks.procs if proc.stdout is not None]
+    out = [[json.loads(line) for line in proc.stdout] for proc, _ in ranks.procs if proc.stdout is not None]
     assert ranks.wait() == [0, 0]
-    assert lines == [{"mine": 4.0, "same": 4.0, "extra": 7.0}, {"mine": 8.0, "same": 4.0, "extra": 7.0}]
+    assert [lines[0] for lines in out] == [{"refused": True}] * 2  # found in the background, on every rank
+    restored = [lines[1] for lines in out]
+    assert restored == [{"mine": 4.0, "same": 4.0, "extra": 7.0}, {"mine": 8.0, "same": 4.0, "extra": 7.0}]
     reader = cs.CheckpointManager(tmp_path / "ckpt", read_only=True)
     for step in (1, 2, 3, 4):
         paths = sorted(p.path for p in reader.manifest(step).payloads)

@@ -6,7 +6,7 @@
    (:class:`ReplicaPlanner`, :mod:`crashsafe.distributed.plan`). Where the last plan had ranks
    skip much of what they hold (DDP), this runs in the save call, before the snapshot, and each
    rank copies only the arrays it writes (1/N of a DDP replica); otherwise (FSDP2) the save call
-   takes rank 0's listing alone, copies every array, and the plan is made in the background;
+   copies every array and takes part in no exchange: the plan is made in the background;
 
 Then in each rank's background persist thread (:func:`save_step`):
 
@@ -47,7 +47,7 @@ from crashsafe.state.tree import ArrayLeaf
 from crashsafe.storage.base import Store
 from crashsafe.storage.writer import StepWriter
 
-__all__ = ["Listing", "ReplicaPlanner", "StepPlan", "save_step"]
+__all__ = ["PLAN_LATER", "Listing", "ReplicaPlanner", "StepPlan", "save_step"]
 
 PLAN_FIRST_FROM = 1 << 20  # bytes a rank holds but does not write, from which saves plan first
 
@@ -70,6 +70,9 @@ class StepPlan(Listing):
     digests: dict[int, str]  # array index -> xxh3 of its bytes, for the arrays hashed to plan
 
 
+PLAN_LATER = Listing(frozenset(), "")  # a save planned, listing included, in the background
+
+
 _Described = tuple[str, str, int]  # an array as the other ranks see it: path, what it is, bytes
 
 
@@ -84,10 +87,10 @@ class ReplicaPlanner:
     so a steady run plans in one exchange (two after a change).
 
     Where it plans follows the last plan, which every rank knows alike: where ranks skip writing
-    much of what they hold (DDP), in the save call, before the snapshot, so that each rank copies
-    only what it writes; otherwise (FSDP2, or nothing known yet) the save call takes rank 0's
-    listing alone, every array is copied, and the plan is made in the background from the copies,
-    so the training thread waits for the other ranks once, briefly.
+    much of what they hold (DDP, or nothing known yet), in the save call, before the snapshot, so
+    that each rank copies only what it writes; otherwise (FSDP2) every array is copied and the
+    plan, listing included, is made from the copies in the background: the save call waits for no
+    other rank (:data:`PLAN_LATER`).
     """
 
     def __init__(self, coord: Coordinator) -> None:
@@ -96,27 +99,19 @@ class ReplicaPlanner:
         self._described: list[list[_Described]] | None = None  # every rank's arrays at the last save
         self._alike: list[list[int]] = []  # per rank: its arrays that other ranks held alike
 
-    def listing(self, store: Store) -> Listing:
-        """Rank 0's listing and a new attempt's name, on every rank (a save planned later)."""
-
-        def new() -> Listing:
-            return Listing(frozenset(store.steps()), secrets.token_hex(8))
-
-        return self.coord.agree(new, "listing steps")
-
     def plan(
-        self, leaves: list[ArrayLeaf], bytes_of: Callable[[int], np.ndarray[Any, Any]], store: Store | Listing
+        self, leaves: list[ArrayLeaf], bytes_of: Callable[[int], np.ndarray[Any, Any]], store: Store
     ) -> StepPlan:
-        """The plan of a save whose arrays ``bytes_of(i)`` gives (the live ones, or their copies);
-        rank 0 lists ``store`` in the same exchange, unless the listing is already known."""
+        """The plan of a save whose arrays ``bytes_of(i)`` gives (the live ones, or their copies),
+        with rank 0's listing of ``store`` and the attempt's name."""
         coord, last = self.coord, self._described
         self._described = None  # forgotten until this plan is agreed: a failed exchange leaves no memory
         described = [(leaf.path, repr((leaf.kind, leaf.dtype, leaf.shape, leaf.shard)), leaf.nbytes)
                      for leaf in leaves]  # fmt: skip
         same = last is not None and last[coord.rank] == described
         digests = {i: _hash(bytes_of(i)) for i in self._alike[coord.rank]} if same else {}
-        listing: Any = ("ok", store) if isinstance(store, Listing) else None
-        if coord.leader and not isinstance(store, Listing):
+        listing: Any = None
+        if coord.leader:
             try:
                 listing = ("ok", Listing(frozenset(store.steps()), secrets.token_hex(8)))
             except Exception as exc:  # every rank must hear of it, or the others would wait forever
@@ -171,16 +166,20 @@ def save_step(
     metrics: dict[str, Any],
     info: dict[str, Any],
     retain: Callable[[Manifest], None],
+    existing: Callable[[int], None],
 ) -> Manifest:
     """Save this rank's part of ``step`` and commit the whole with the other ranks; return the
     committed manifest (the same on every rank). ``arrays``: the snapshot of the arrays the rank
-    writes, in ``planned.writes`` order, or of every array when ``planned`` is a listing alone
-    (the plan is made here, from the copies)."""
+    writes, in ``planned.writes`` order, or of every array for :data:`PLAN_LATER` (the plan is made
+    here, from the copies; ``existing(step)`` then deletes a committed but damaged ``step``, or
+    refuses to save it again, as the save call does for a plan made there)."""
     coord = replicas.coord
     if not isinstance(planned, StepPlan):
         copies = arrays
-        planned = replicas.plan(leaves, lambda i: copies[i], planned)
+        planned = replicas.plan(leaves, lambda i: copies[i], store)
         arrays = [copies[i] for i in planned.writes]
+        if step in planned.committed:
+            existing(step)
     committed = planned.committed - {step}  # a damaged step saved again was deleted first
     writer, entries, problem = _write_part(coord, store, planner, step, committed, leaves, arrays, planned)
     reports = coord.all_gather(

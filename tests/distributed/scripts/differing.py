@@ -1,8 +1,9 @@
 """Save a tensor each rank holds under one name with its own values, and ones every rank holds alike.
 
 Usage: differing.py DIR. Four saves: the second adds a tensor (the ranks plan anew), rank 1 then
-forgets what the ranks held (as after a failed plan), the fourth is a steady save. Each rank prints
-the first value of each tensor it restored (JSON).
+forgets what the ranks held (as after a failed plan), the fourth is a steady save; then a save of
+a step already committed, refused on every rank (JSON: refused). Each rank prints the first value of
+each tensor it restored (JSON).
 """
 
 import json
@@ -12,6 +13,7 @@ import torch
 import torch.distributed as dist
 from leaving import leave
 
+from crashsafe.errors import CheckpointExistsError
 from crashsafe.manager import CheckpointManager
 
 
@@ -26,6 +28,12 @@ def main() -> None:
             mgr._collective.replicas._described = None  # type: ignore[union-attr]
         mgr.save(3, {"mine": mine * 3, "same": ones, "extra": ones * 7})
         mgr.save(4, {"mine": mine * 4, "same": ones * 4, "extra": ones * 7})
+        assert mgr.steps() == [1, 2, 3, 4]  # right after an async save: waits for it, on every rank
+        mgr.save(2, {"mine": mine, "same": ones, "extra": ones})  # committed and intact: refused
+        try:
+            mgr.wait()
+        except CheckpointExistsError as exc:
+            print(json.dumps({"refused": "already committed" in str(exc)}), flush=True)
         back = {"mine": torch.zeros(1024), "same": torch.zeros(1024), "extra": torch.zeros(1024)}
         mgr.restore(back)
     print(json.dumps({k: v[0].item() for k, v in back.items()}), flush=True)
