@@ -235,9 +235,11 @@ def why(results: dict[str, Any]) -> list[str]:
             sync = _ratio(s, "crashsafe_sync", "durable", "dcp", "durable")
             lines.append(
                 f"- {kind.upper()} {state_bytes(int(size)) / MiB:.0f} MiB, {world[1:]} ranks: crashsafe "
-                f"{_t(s['crashsafe']['durable'][i])} = its stall {_t(s['crashsafe']['stall'][i])} (hashing "
-                f"every array and gathering the offers {_t(ph['hash'])}, copying its share "
-                f"{_t(ph['copy'])}), writing + fsyncing its part {_t(ph['write'])} (raw writes and fsyncs "
+                f"{_t(s['crashsafe']['durable'][i])} = its stall {_t(s['crashsafe']['stall'][i])} ("
+                + (f"hashing its replica and planning {_t(ph['hash'])}, copying its share {_t(ph['copy'])})"
+                   if kind == "ddp" else f"copying its shards {_t(ph['copy'])}; planning after it "
+                   f"{_t(ph['hash'])})")
+                + f", writing + fsyncing its part {_t(ph['write'])} (raw writes and fsyncs "
                 f"the same share in {_t(raw)}), the exchanges up to {_t(ph['gather'])} (they wait for the "
                 f"slowest rank), commit {_t(ph['commit'])}; `dcp.save` {_t(dcp)}. Floor "
                 f"{(stall + raw) / dcp:.2f}x `dcp.save`; crashsafe sync (no copy) {sync[0]:.2f}x; "
