@@ -89,9 +89,9 @@ def take_snapshot(
     """The state copied into ``pool`` for a background save (no pool: viewed in place, for a save
     that writes before it returns), as a function giving its snapshot; and, for a rank of a
     distributed save (``replicas``: its planner), the plan the ranks agreed (or PLAN_LATER: the plan
-    is made in the background). Once a save ``checked``
-    the state in full, one process copies it in one walk and the background thread flattens the
-    copy: the training thread pays for the copy, not for the checks."""
+    is made in the background). Once a save ``checked`` the state in full, one process copies it in
+    one walk and the background thread flattens the copy: the training thread pays for the copy,
+    not for the checks."""
     if pool is not None and replicas is None and checked:
         copied = fast_copy(state, pool)  # None: a state it cannot judge, checked in full below
         if copied is not None:
