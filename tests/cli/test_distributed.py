@@ -3,6 +3,7 @@ steps; ls, show, verify and diff read it through the library's reader, at 80 col
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import socket
@@ -14,6 +15,8 @@ import numpy as np
 import pytest
 
 import crashsafe as cs
+from crashsafe.format.manifest import MANIFEST_NAME, dumps
+from crashsafe.storage.layout import step_dir
 
 from .conftest import assert_fits, check_json, invoke
 
@@ -127,3 +130,18 @@ def test_export_and_gc(sharded: tuple[Path, Path], tmp_path: Path) -> None:
         "kept": [3],
     }
     assert check_json(invoke("verify", str(copy), "--json").out, "verify")["ok"]
+
+
+def test_shards_that_disagree_on_their_type_are_refused(sharded: tuple[Path, Path], tmp_path: Path) -> None:
+    """A re-signed manifest whose shards of one array declare different element types (same size)
+    is damage, not something to cast silently: whole-tensor loads refuse it, naming the array."""
+    copy = tmp_path / "ckpt"
+    shutil.copytree(sharded[0], copy)
+    manifest = cs.CheckpointManager(copy, read_only=True).manifest()
+    payloads = list(manifest.payloads)
+    i = next(i for i, p in enumerate(payloads) if p.shard is not None and p.dtype == "float32")
+    payloads[i] = dataclasses.replace(payloads[i], dtype="int32")
+    forged = dataclasses.replace(manifest, payloads=tuple(payloads))
+    (step_dir(copy, manifest.step) / MANIFEST_NAME).write_bytes(dumps(forged))  # signed anew
+    with pytest.raises(cs.CorruptCheckpointError, match="disagree on its type"):
+        cs.CheckpointManager(copy, read_only=True).load(manifest.step)

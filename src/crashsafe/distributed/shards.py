@@ -124,6 +124,11 @@ def _parts_of(manifest: Manifest, entry: PayloadEntry) -> tuple[list[PayloadEntr
     parts = [
         p for p in manifest.payloads if p.path == entry.path and p.shard is not None and p.shard[0] == whole
     ]
+    if any((p.kind, p.dtype) != (entry.kind, entry.dtype) for p in parts):
+        raise CorruptCheckpointError(
+            f"checkpoint step {manifest.step}: the shards of array '{entry.path}' disagree on its type "
+            "(a damaged or forged manifest). Run `crashsafe verify`"
+        )
     return parts, [(p.shard[1], p.shape) for p in parts if p.shard is not None]
 
 
