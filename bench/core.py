@@ -90,15 +90,20 @@ class PeakRSS:
         return self.peak - self.start
 
 
+def fsync_path(path: Path) -> None:
+    """fsync one file or directory."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def fsync_tree(path: Path) -> None:
     paths = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
     for p in paths:
-        fd = os.open(p, os.O_RDONLY)
-        os.fsync(fd)
-        os.close(fd)
-    fd = os.open(path if path.is_dir() else path.parent, os.O_RDONLY)
-    os.fsync(fd)
-    os.close(fd)
+        fsync_path(p)
+    fsync_path(path if path.is_dir() else path.parent)
 
 
 def fresh(path: Path) -> Path:

@@ -42,26 +42,20 @@ from typing import Any
 
 import torch
 
+from bench.core import fsync_path
+
 WORK = Path(__file__).parent / ".work" / "integrations"
 RESULTS = Path(__file__).parent / "results"
 Timings = list[tuple[float, float, bool]]  # (stall, durable, a second save of its step) per save, s
 LARGE_WIDTH = 8192  # the digits CNN at this width: ~100 MiB of weights and Adam state
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _fsync_tree(folder: Path) -> None:
     for path in sorted(folder.rglob("*")):
         if path.is_file():
-            _fsync(path)
-    _fsync(folder)
-    _fsync(folder.parent)
+            fsync_path(path)
+    fsync_path(folder)
+    fsync_path(folder.parent)
 
 
 # ---------------------------------------------------------------- Lightning
@@ -87,8 +81,8 @@ def _lightning_io(kind: str) -> Any:
         def save_checkpoint(self, checkpoint: Any, path: Any, storage_options: Any = None) -> None:
             super().save_checkpoint(checkpoint, path, storage_options)
             self.written.append(time.perf_counter())
-            _fsync(Path(path))
-            _fsync(Path(path).parent)
+            fsync_path(Path(path))
+            fsync_path(Path(path).parent)
             self.durable.append(time.perf_counter())
 
     class Timed(CheckpointIO):  # type: ignore[misc]
@@ -257,12 +251,12 @@ def floor(width: int, n: int) -> list[tuple[str, float]]:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, directory / "small")
-        _fsync(directory)
+        fsync_path(directory)
 
     def torch_io_fsynced(_: int) -> None:
         torch_io.save_checkpoint(checkpoint, directory / "t.ckpt")
-        _fsync(directory / "t.ckpt")
-        _fsync(directory)
+        fsync_path(directory / "t.ckpt")
+        fsync_path(directory)
 
     tiny = cs.CheckpointManager(directory / "tiny", keep_last=None, async_save=False)
     whole = cs.CheckpointManager(directory / "whole", keep_last=None, async_save=False)

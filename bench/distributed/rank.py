@@ -32,6 +32,7 @@ from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_asyn
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 import crashsafe as cs
+from bench.core import fsync_path
 from bench.distributed import phases
 from bench.distributed.model import build, fingerprint, nudge
 
@@ -87,14 +88,6 @@ def _gather(value: Any) -> list[Any]:
     return out
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def dcp_payload(model: torch.nn.Module, optim: torch.optim.Optimizer) -> dict[str, Any]:
     """What DCP saves: the state dicts as DCP's own helpers give them (sharded for FSDP2)."""
     model_sd, optim_sd = get_state_dict(model, optim)
@@ -146,8 +139,8 @@ def save_once(
         write_raw(blobs, target)
         dist.barrier()  # every rank's file is durable before the directory is
         if dist.get_rank() == 0:
-            _fsync_dir(target)
-            _fsync_dir(target.parent)
+            fsync_path(target)
+            fsync_path(target.parent)
         t1 = time.perf_counter()
     elif method in mgrs:  # crashsafe async, or sync (no copy: writes from the live tensors)
         mgrs[method].save(state["step"], state)
@@ -167,8 +160,8 @@ def save_once(
         else:
             dcp_save(payload, checkpoint_id=str(target))
         if dist.get_rank() == 0:  # DCP fsyncs its files and .metadata, not the directory entries
-            _fsync_dir(target)
-            _fsync_dir(target.parent)
+            fsync_path(target)
+            fsync_path(target.parent)
         dist.barrier()  # the directory fsync is rank 0's; every rank's figure waits for it
         if method == "dcp":
             t1 = time.perf_counter()

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import torch
 import torch.distributed as dist
-from job import build, full
+from job import build, save_full
 from leaving import leave
 
 from crashsafe.manager import CheckpointManager
@@ -42,11 +42,7 @@ def main() -> None:
         reader.restore(state, step=step)
     kept = memory == [t.data_ptr() for t in live]
     print(json.dumps({"step": state["step"], "read_into": sum(read), "kept_memory": kept}), flush=True)
-    arrays = {f"model.{k}": full(v) for k, v in model.state_dict().items()}
-    for i, slots in optim.state_dict()["state"].items():
-        arrays.update({f"optim.{i}.{k}": full(v) for k, v in slots.items()})
-    if dist.get_rank() == 0:
-        np.savez(out, **arrays)
+    save_full(model, optim, out)
     leave()
 
 

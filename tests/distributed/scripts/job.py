@@ -45,6 +45,16 @@ def full(value: torch.Tensor) -> np.ndarray:
     return tensor.detach().numpy().copy()
 
 
+def save_full(model: torch.nn.Module, optim: torch.optim.Optimizer, out: str) -> None:
+    """Rank 0 (or a plain process) writes the whole model and optimizer state to ``out`` (.npz);
+    every rank calls it (gathering a DTensor whole is collective)."""
+    arrays = {f"model.{k}": full(v) for k, v in model.state_dict().items()}
+    for i, slots in optim.state_dict()["state"].items():
+        arrays.update({f"optim.{i}.{k}": full(v) for k, v in slots.items()})
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        np.savez(out, **arrays)
+
+
 def train(kind: str, directory: str, steps: int, every: int, timeout: float) -> tuple[Any, Any]:
     """Restore (if a step is there), then train to ``steps``; return the model and optimizer."""
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -86,11 +96,7 @@ def main() -> None:
     if len(sys.argv) > 7:
         train(kind, directory, int(sys.argv[7]), every, timeout)
     model, optim = train(kind, directory, steps, every, timeout)
-    arrays = {f"model.{k}": full(v) for k, v in model.state_dict().items()}
-    for i, slots in optim.state_dict()["state"].items():
-        arrays.update({f"optim.{i}.{k}": full(v) for k, v in slots.items()})
-    if dist.get_rank() == 0:
-        np.savez(out, **arrays)
+    save_full(model, optim, out)
     leave()
 
 

@@ -8,10 +8,9 @@ and optimizer state it restored to NPZ, so a test can check every layout ends bi
 import os
 import sys
 
-import numpy as np
 import torch
 import torch.distributed as dist
-from job import build, full
+from job import build, save_full
 from leaving import leave
 
 from crashsafe.manager import CheckpointManager
@@ -33,11 +32,7 @@ def main() -> None:
         reader.restore(state)
     with CheckpointManager(target) as writer:
         writer.save(state["step"], state)
-    arrays = {f"model.{k}": full(v) for k, v in model.state_dict().items()}
-    for i, slots in optim.state_dict()["state"].items():
-        arrays.update({f"optim.{i}.{k}": full(v) for k, v in slots.items()})
-    if world == 1 or dist.get_rank() == 0:
-        np.savez(out, **arrays)
+    save_full(model, optim, out)
     if world > 1:
         leave()
 
