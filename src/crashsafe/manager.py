@@ -183,16 +183,15 @@ class CheckpointManager:
         cleaned = clean_metrics(metrics)
         replicas = self._collective.replicas if self._collective else None
         snapshot, planned = take_snapshot(state, store, self._pool, replicas, checked=bool(self._stats))
-        committed = planned.committed if planned else frozenset(store.steps())
-        if step in committed:  # distributed: rank 0's listing (PLAN_LATER: checked in the background)
+        exists = store.has_step(step) if planned is None else step in planned.committed  # PLAN_LATER: later
+        if exists:
             self._replace_damaged(store, step)
-            committed -= {step}
         stall = time.perf_counter() - begin
         self._stalled += stall
         self._last_save = (step, self._train_time())
 
         def persist() -> SaveStats:
-            return self._persist(store, step, planned or committed, snapshot, cleaned, stall)
+            return self._persist(store, step, planned, snapshot, cleaned, stall)
 
         if self._executor is None:  # sync: the loop also waits for the write and the commit
             stats = persist()
@@ -289,7 +288,7 @@ class CheckpointManager:
         self,
         store: Store,
         step: int,
-        committed: frozenset[int] | Listing,  # a distributed save: what the ranks agreed
+        planned: Listing | None,  # a distributed save: what the ranks agreed
         snapshot: Callable[[], Snapshot],
         metrics: dict[str, Any],
         stall: float,
@@ -297,14 +296,15 @@ class CheckpointManager:
         begin = time.perf_counter()
         info = {"crashsafe": _VERSION}
         tree, leaves, arrays = snapshot()
-        if isinstance(committed, Listing):
+        if planned is not None:
             assert self._collective is not None
             manifest = save_collective(
-                self._collective.replicas, store, self._planner, step, committed, tree, leaves, arrays,
+                self._collective.replicas, store, self._planner, step, planned, tree, leaves, arrays,
                 metrics, info, self._retain, functools.partial(self._replace_damaged, store),
             )  # fmt: skip
             persisted = time.perf_counter() - begin  # committed for every rank; rank 0 applied retention
         else:
+            committed = frozenset(store.steps()) - {step}  # delta bases, listed off the training thread
             manifest = save_step(store, self._planner, step, committed, tree, leaves, arrays, metrics, info)
             self._committed(manifest)
             if self._mirror is not None:

@@ -53,7 +53,7 @@ def _garbage_manifest(step_dir: Path) -> None:
 def _flip_manifest_byte(step_dir: Path) -> None:
     path = step_dir / "manifest.json"
     text = path.read_text()
-    path.write_text(text.replace('"step": 3', '"step": 4', 1).replace('"offset": 0', '"offset": 8', 1))
+    path.write_text(text.replace('"step":3', '"step":4', 1).replace('"offset":0', '"offset":8', 1))
 
 
 def _delete_manifest(step_dir: Path) -> None:

@@ -222,3 +222,30 @@ def test_a_reader_follows_a_replaced_directory(tmp_path: Path) -> None:
     shutil.rmtree(ckpt)
     _run(ckpt, range(5, 7))
     assert reader.steps() == [5, 6] and reader.load()["step"] == 6
+
+
+def test_a_save_checks_its_step_by_name_as_the_listing_would(tmp_path: Path, victim: Path) -> None:
+    """A save asks the store about its own step only (not a listing, off the training thread):
+    the answer agrees with ``steps()`` for committed steps, torn drafts, trash, a symlinked step,
+    a file where a step belongs and names that only look like steps."""
+    from crashsafe.storage.local import LocalStore
+    from crashsafe.storage.writer import StepWriter
+
+    with cs.CheckpointManager(tmp_path, async_save=False, keep_last=None) as mgr:
+        for step in (1, 2, 3):
+            mgr.save(step, {"x": np.full(8, step)})
+        mgr.delete([2])
+    os.symlink(victim, step_dir(tmp_path, 5))
+    step_dir(tmp_path, 6).write_bytes(b"not a step")
+    (tmp_path / "step_7").mkdir()  # not the canonical name of step 7
+    store = LocalStore(tmp_path)
+    torn = StepWriter(store, 4)
+    torn.write_payload(np.ones(16).data)
+    assert store.steps() == [1, 3, 5, 6]
+    assert [s for s in range(9) if store.has_step(s)] == store.steps()
+    torn.abort()
+    with cs.CheckpointManager(tmp_path, async_save=False) as mgr:
+        with pytest.raises(cs.CheckpointExistsError, match="never overwritten"):
+            mgr.save(3, {"x": np.zeros(8)})
+        mgr.save(4, {"x": np.full(8, 4)})  # the torn draft was not a step
+        assert mgr.load(4)["x"][0] == 4

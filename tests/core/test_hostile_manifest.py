@@ -379,7 +379,7 @@ def test_restore_falls_back_from_a_forged_step_and_verify_reports_it(tmp_path: P
     manifest = step_dir / MANIFEST_NAME
     if name == "5000-digit int":  # needs no checksum: parsing fails first
         text = manifest.read_text()
-        manifest.write_text(text.replace('"step": 2', '"step": ' + "9" * 5000, 1))
+        manifest.write_text(text.replace('"step":2', '"step":' + "9" * 5000, 1))
     else:
         body = json.loads(manifest.read_text())
         E2E[name](step_dir, body)

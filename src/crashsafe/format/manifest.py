@@ -34,6 +34,7 @@ __all__ = [
     "MANIFEST_NAME",
     "Manifest",
     "PayloadEntry",
+    "check_written",
     "dumps",
     "loads",
     "validate_file_name",
@@ -155,12 +156,13 @@ def _canonical(obj: dict[str, Any]) -> bytes:
 def dumps(manifest: Manifest) -> bytes:
     """Manifest as one line of JSON carrying an xxh3 checksum of its own canonical form.
 
-    Not indented: indenting makes json fall back from its C encoder to the pure Python one, ~10x
-    slower for a manifest of thousands of tensors (``python -m json.tool`` pretty-prints a file).
+    The canonical form is encoded once and stored with the checksum in front. Not indented:
+    indenting makes json fall back from its C encoder to the pure Python one, ~10x slower for a
+    manifest of thousands of tensors (``python -m json.tool`` pretty-prints a file).
     """
-    body = manifest.to_json()
-    body["checksum"] = xxhash.xxh3_64_hexdigest(_canonical(body))
-    return json.dumps(body, sort_keys=True, allow_nan=False).encode()
+    canonical = _canonical(manifest.to_json())
+    checksum = xxhash.xxh3_64_hexdigest(canonical)
+    return b'{"checksum":"%s",%s' % (checksum.encode(), canonical[1:])
 
 
 def loads(data: bytes, where: str = "manifest") -> Manifest:
@@ -169,6 +171,30 @@ def loads(data: bytes, where: str = "manifest") -> Manifest:
     Bounded work on any bytes: the size and the number of JSON objects and values are checked on
     the raw bytes before ``json.loads`` builds anything, and every number is bounded as it is parsed.
     """
+    body, claimed = _parse_manifest(data, where)
+    try:
+        actual = xxhash.xxh3_64_hexdigest(_canonical(body))
+    except (ValueError, RecursionError) as exc:
+        raise _bad(where, f"holds values JSON cannot represent ({exc})") from None
+    if claimed != actual:
+        raise _bad(
+            where,
+            f"checksum mismatch (stored {_show(claimed)}, computed {actual!r}): the "
+            "manifest was modified or damaged",
+        )
+    return _validate(body, where)
+
+
+def check_written(data: bytes, where: str) -> Manifest:
+    """:func:`loads` for the bytes :func:`dumps` just made, the writer's check that a manifest
+    loads back (rule 10): every check but the checksum's, which ``dumps`` took of the very
+    canonical bytes a reader recomputes (JSON parses them back to values that encode the same)."""
+    body, _ = _parse_manifest(data, where)
+    return _validate(body, where)
+
+
+def _parse_manifest(data: bytes, where: str) -> tuple[dict[str, Any], object]:
+    """The manifest's fields (bounded, parsed, format and version checked) and its stored checksum."""
     _check_bounds(data, where)
     body = _parse(data, where)
     claimed = body.pop("checksum", None)
@@ -181,17 +207,7 @@ def loads(data: bytes, where: str = "manifest") -> Manifest:
             f"has format version {_show(version)}; this crashsafe reads versions 1 to "
             f"{DISTRIBUTED_VERSION}. Upgrade crashsafe to read it",
         )
-    try:
-        actual = xxhash.xxh3_64_hexdigest(_canonical(body))
-    except (ValueError, RecursionError) as exc:
-        raise _bad(where, f"holds values JSON cannot represent ({exc})") from None
-    if claimed != actual:
-        raise _bad(
-            where,
-            f"checksum mismatch (stored {_show(claimed)}, computed {actual!r}): the "
-            "manifest was modified or damaged",
-        )
-    return _validate(body, where)
+    return body, claimed
 
 
 def validate_file_name(name: object) -> str:

@@ -18,7 +18,7 @@ import pathlib
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, cast, runtime_checkable
 
 import numpy as np
 
@@ -129,15 +129,18 @@ def numpy_dtype_name(dtype: np.dtype[Any]) -> str | None:
     return name if name in DTYPES and DTYPES[name] == native else None
 
 
-def flatten(state: object) -> tuple[dict[str, Any], list[ArrayLeaf]]:
+def flatten(state: object, *, check: bool = True) -> tuple[dict[str, Any], list[ArrayLeaf]]:
     """Split ``state`` into a JSON-serialisable tree and its array leaves, in tree order.
 
     Raises UnsupportedStateError for anything a checkpoint could not give back: unsupported
-    values, two arrays with the same dotted path, and any tree the reader's validator refuses.
+    values, two arrays with the same dotted path, and, with ``check``, any tree the reader's
+    validator refuses (without: a background save, whose writer runs that validator anyway).
     """
     walk = _Walk()
     tree = walk.node(state, (), 0)
     leaves = walk.share_views()
+    if not check:
+        return tree, leaves
     try:
         validate_tree(tree, len(leaves), arrays=[(leaf.kind, leaf.shape) for leaf in leaves])
     except CorruptCheckpointError as exc:
@@ -173,11 +176,23 @@ class _Walk:
         self.leaves: list[ArrayLeaf] = []
         self.arrays: list[dict[str, Any]] = []  # the tree node of each leaf
         self._owners: dict[str, Parts] = {}
+        self.tensor_types = _torch_types()[0] if loaded_torch() is not None else ()
 
     def node(self, value: object, parts: Parts, depth: int) -> dict[str, Any]:
         """Tree node of ``value`` at ``parts``; its arrays are appended to ``leaves``."""
         if depth > MAX_DEPTH:
             raise _refuse(parts, f"nesting deeper than {MAX_DEPTH} levels (a cycle?)")
+        kind, exact = type(value), cast(Any, value)  # common exact types first, as the checks below take them
+        if kind is dict:
+            return self._dict(exact, parts, depth)
+        if kind is str:
+            return {"t": "str", "v": exact}
+        if kind is float:
+            return {"t": "float", "v": float.hex(exact)}
+        if kind is int:
+            return {"t": "int", "v": _int_text(exact, parts)}
+        if kind in self.tensor_types:
+            return self._tensor(exact, parts)
         if value is None:
             return {"t": "none"}
         if isinstance(value, bool):

@@ -126,6 +126,11 @@ class Store(ABC):
     def steps(self) -> list[int]:
         """Committed steps, ascending."""
 
+    def has_step(self, step: int) -> bool:
+        """Whether ``step`` is committed: what ``step in steps()`` says, cheaper where a backend
+        can check one name (a save asks it on the training thread)."""
+        return step in self.steps()
+
     @abstractmethod
     def open_step(self, step: int) -> StoredStep:
         """A committed step for reading (NoCheckpointError if it is not committed)."""

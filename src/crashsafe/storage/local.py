@@ -124,6 +124,9 @@ class LocalStore(Store):
     def steps(self) -> list[int]:
         return committed_steps(self.root)
 
+    def has_step(self, step: int) -> bool:
+        return self.root.exists(step_name(step))
+
     def open_step(self, step: int) -> StoredStep:
         return _LocalStep(self.root, step)
 

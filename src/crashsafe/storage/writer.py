@@ -17,7 +17,7 @@ import xxhash
 import crashsafe._faults as faults
 from crashsafe.codecs.base import BytesLike
 from crashsafe.errors import UnsupportedStateError
-from crashsafe.format.manifest import Manifest, dumps, loads
+from crashsafe.format.manifest import Manifest, check_written, dumps
 from crashsafe.storage.base import Store
 
 __all__ = ["StepWriter", "delete_steps"]
@@ -61,7 +61,7 @@ class StepWriter:
         """Validate the manifest as a reader would, then make the step durable and visible."""
         try:
             body = dumps(manifest)
-            loads(body, f"the manifest of step {self.step}")
+            check_written(body, f"the manifest of step {self.step}")
         except (ValueError, TypeError) as exc:  # CorruptCheckpointError is a ValueError
             self.abort()
             raise UnsupportedStateError(
