@@ -14,6 +14,7 @@ committed is reported as :class:`NoCheckpointError` (it vanished), never as dama
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from typing import Any, TypeVar
@@ -25,6 +26,7 @@ from crashsafe.codecs.base import Codec, DeltaCodec, Reference
 from crashsafe.codecs.raw import Raw
 from crashsafe.codecs.registry import get_codec
 from crashsafe.errors import CodecError, CorruptCheckpointError, NoCheckpointError
+from crashsafe.format.chunks import chunk_span
 from crashsafe.format.dtypes import storage_dtype
 from crashsafe.format.manifest import Manifest, PayloadEntry
 from crashsafe.policies.keep import KeepPolicy, StepFacts
@@ -143,6 +145,30 @@ class ChainReader(Closing):
         except (CorruptCheckpointError, NoCheckpointError):
             target.raise_if_vanished()
             raise
+
+    def span(
+        self, step: int, entry: PayloadEntry, first: int, count: int, *, verify_only: bool = False
+    ) -> np.ndarray[Any, Any] | None:
+        """Elements ``[first, first + count)`` of the flat array of a payload of ``step`` with chunk
+        checksums (a raw shard), read-only, in its storage dtype: only the chunks that hold them are
+        read, each verified (``verify_only``: verified and not returned). Damage of any byte outside
+        those chunks goes unnoticed here: reading the whole payload (:meth:`decode`) finds it."""
+        reader = self._reader(step)
+        if entry.chunks is None or not 0 <= first <= first + count <= math.prod(entry.shape):
+            raise ValueError(f"payload '{entry.path}' has no chunk checksums or no elements {first}+{count}")
+        itemsize = storage_dtype(entry.dtype).itemsize
+        start, stop = first * itemsize, (first + count) * itemsize
+        chunks = chunk_span(start, stop, entry.chunks.size)
+        try:
+            if verify_only:
+                reader.check_stored(entry, chunks)
+                return None
+            data = reader.read_stored(entry, chunks)
+        except (CorruptCheckpointError, NoCheckpointError):
+            reader.raise_if_vanished()
+            raise
+        skip = start - chunks[0] * entry.chunks.size
+        return data[skip : skip + stop - start].view(storage_dtype(entry.dtype))
 
     def cached(self, step: int, entry: PayloadEntry) -> bool:
         """Whether the start of a payload of ``step`` is in the page cache (see StepReader.cached)."""

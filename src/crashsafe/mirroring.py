@@ -38,9 +38,10 @@ def copy_step(source: Store, target: Store, step: int) -> None:
         try:
             entries = []
             for entry in reader.manifest.payloads:
-                file, offset, nbytes, digest = writer.write_payload(reader.read_stored(entry).data)
-                assert digest == entry.xxh3 and nbytes == entry.nbytes
-                entries.append(_moved(entry, file, offset))
+                chunk = None if entry.chunks is None else entry.chunks.size
+                put = writer.write_payload(reader.read_stored(entry).data, chunk=chunk)
+                assert put.xxh3 == entry.xxh3 and put.nbytes == entry.nbytes
+                entries.append(_moved(entry, put.file, put.offset))
             m = reader.manifest
             copy = Manifest(m.step, m.created, m.tree, tuple(entries), writer.files(), m.metrics, m.info)
             writer.commit(copy)

@@ -123,7 +123,7 @@ def restore_step(
             raw = [entry for entry, _ in jobs if _is_raw(entry)]
             cached = bool(raw) and chains.cached(step, max(raw, key=lambda entry: entry.nbytes))
             if verify_first:
-                _each(jobs, lambda entry, _: chains.check(step, entry), cached)
+                _each(jobs, lambda entry, d: _check(chains, step, entry, d), cached)
             changes.made = changes.made or bool(jobs)
             _each(jobs, lambda entry, d: _decode_into(chains, step, entry, d), cached)
     except OSError as exc:
@@ -136,6 +136,15 @@ def _decode_into(chains: ChainReader, step: int, entry: PayloadEntry, into: Dest
         chains.decode(step, entry, out=into.out)
     else:
         fill_from(chains, step, entry, into)
+
+
+def _check(chains: ChainReader, step: int, entry: PayloadEntry, into: Destination) -> None:
+    """Verify what :func:`_decode_into` will read (of a shard that only overlaps the live box:
+    the chunks holding its part), writing nothing."""
+    if into.box is None:
+        chains.check(step, entry)
+    else:
+        fill_from(chains, step, entry, into, verify_only=True)
 
 
 def _each(jobs: list[tuple[PayloadEntry, Destination]], work: _Work, cached: bool) -> None:

@@ -57,7 +57,7 @@ def save_step(
         entries = []
         for leaf, array in zip(leaves, arrays, strict=True):
             encoded = planner.encode(leaf, array, step, committed)
-            file, offset, nbytes, digest = writer.write_payload(encoded.payload)
+            put = writer.write_payload(encoded.payload)
             config = encoded.codec.get_config()
             entries.append(
                 PayloadEntry(
@@ -65,10 +65,10 @@ def save_step(
                     leaf.kind,
                     leaf.dtype,
                     leaf.shape,
-                    file,
-                    offset,
-                    nbytes,
-                    digest,
+                    put.file,
+                    put.offset,
+                    put.nbytes,
+                    put.xxh3,
                     config,
                     encoded.base,
                 )

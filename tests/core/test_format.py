@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import crashsafe as cs
 from crashsafe.format.manifest import (
-    DISTRIBUTED_VERSION,
+    CHUNKED_VERSION,
     FORMAT_VERSION,
     MANIFEST_NAME,
     Manifest,
@@ -63,7 +63,7 @@ def _tree(value: Any) -> Callable[[dict[str, Any]], None]:
 
 
 def _version(body: dict[str, Any]) -> None:
-    body["version"] = DISTRIBUTED_VERSION + 1  # newer than any version this reader knows
+    body["version"] = CHUNKED_VERSION + 1  # newer than any version this reader knows
 
 
 FORGERIES: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {

@@ -41,6 +41,7 @@ from crashsafe.distributed.group import Coordinator
 from crashsafe.distributed.plan import Offer, Plan, assign
 from crashsafe.encoding import SavePlanner
 from crashsafe.errors import CoordinationError, CrashsafeError
+from crashsafe.format.chunks import Chunks, hash_chunks
 from crashsafe.format.manifest import Manifest, PayloadEntry
 from crashsafe.loading import ARRAY_NODES
 from crashsafe.state.tree import ArrayLeaf
@@ -50,6 +51,9 @@ from crashsafe.storage.writer import StepWriter
 __all__ = ["PLAN_LATER", "Listing", "ReplicaPlanner", "StepPlan", "save_step"]
 
 PLAN_FIRST_FROM = 1 << 20  # bytes a rank holds but does not write, from which saves plan first
+# A raw shard's chunk checksums: a rank of a larger world reads and verifies only the chunks it
+# needs (docs/distributed.md, "Reading"); ~5 KB of manifest per GiB of shards.
+CHUNK_BYTES = 4 << 20
 
 
 @dataclass(frozen=True)
@@ -62,12 +66,12 @@ class Listing:
 
 @dataclass(frozen=True)
 class StepPlan(Listing):
-    """What every rank agreed for a save: who writes what, and the xxh3 of this rank's arrays
-    that it hashed to plan (a raw payload's checksum: the same bytes)."""
+    """What every rank agreed for a save: who writes what, and the checksums of this rank's
+    arrays that it hashed to plan (a raw payload's checksum: the same bytes)."""
 
     plan: Plan
     writes: list[int]  # indices of this rank's arrays that it writes
-    digests: dict[int, str]  # array index -> xxh3 of its bytes, for the arrays hashed to plan
+    digests: dict[int, str | Chunks]  # array index -> its checksum, for the arrays hashed to plan
 
 
 PLAN_LATER = Listing(frozenset(), "")  # a save planned, listing included, in the background
@@ -109,7 +113,8 @@ class ReplicaPlanner:
         described = [(leaf.path, repr((leaf.kind, leaf.dtype, leaf.shape, leaf.shard)), leaf.nbytes)
                      for leaf in leaves]  # fmt: skip
         same = last is not None and last[coord.rank] == described
-        digests = {i: _hash(bytes_of(i)) for i in self._alike[coord.rank]} if same else {}
+        checksums = _Checksums(leaves, bytes_of)
+        digests = {i: checksums.of(i) for i in self._alike[coord.rank]} if same else {}
         listing: Any = None
         if coord.leader:
             try:
@@ -135,7 +140,7 @@ class ReplicaPlanner:
         if forgot or any(items is not None for _, items, _, _ in gathered):
             counts = Counter(item[:2] for items in held for item in items)
             alike = [[i for i, item in enumerate(items) if counts[item[:2]] > 1] for items in held]
-            digests = {i: digests[i] if i in digests else _hash(bytes_of(i)) for i in alike[coord.rank]}
+            digests = {i: digests[i] if i in digests else checksums.of(i) for i in alike[coord.rank]}
             hashes = coord.all_gather(digests, "planning a save") if any(alike) else [{}] * coord.world
         offers = [  # an array hashed by no rank is one of a kind: its rank writes it
             [Offer(path, key + hashes[rank].get(i, f" of rank {rank}"), nbytes)
@@ -147,11 +152,29 @@ class ReplicaPlanner:
         self.first = max(skipped) >= PLAN_FIRST_FROM  # ranks copying much they do not write: plan first
         self._described, self._alike = held, alike
         found: Listing = outcome[1]
-        return StepPlan(found.committed, found.attempt, plan, plan.writes(coord.rank), digests)
+        writes = plan.writes(coord.rank)
+        return StepPlan(found.committed, found.attempt, plan, writes, checksums.kept(digests))
 
 
-def _hash(array: np.ndarray[Any, Any]) -> str:
-    return xxhash.xxh3_64_hexdigest(array.reshape(-1).view(np.uint8).data)
+class _Checksums:
+    """The checksums of a rank's arrays hashed to plan: the xxh3 that the ranks compare and, for a
+    shard, its chunk checksums too (which its raw payload's entry lists: its bytes hashed once)."""
+
+    def __init__(self, leaves: list[ArrayLeaf], bytes_of: Callable[[int], np.ndarray[Any, Any]]) -> None:
+        self._leaves, self._bytes_of = leaves, bytes_of
+        self._chunks: dict[int, Chunks] = {}
+
+    def of(self, i: int) -> str:
+        """The xxh3 of array ``i`` (of a shard: its chunks' combined, as its entry's checksum)."""
+        data = self._bytes_of(i).reshape(-1).view(np.uint8).data
+        if self._leaves[i].shard is None:
+            return xxhash.xxh3_64_hexdigest(data)
+        self._chunks[i] = chunks = hash_chunks(data, CHUNK_BYTES)
+        return chunks.combined()
+
+    def kept(self, digests: dict[int, str]) -> dict[int, str | Chunks]:
+        """``digests`` with each shard's chunk checksums in place of its xxh3."""
+        return {i: self._chunks.get(i, digest) for i, digest in digests.items()}
 
 
 def save_step(
@@ -233,13 +256,15 @@ def _write_part(
         for i, array in zip(planned.writes, arrays, strict=True):
             leaf = leaves[i]
             encoded = planner.encode(leaf, array, step, committed)
-            hashed = planned.digests.get(i) if encoded.codec.codec_id == "raw" else None  # the same bytes
-            file, offset, nbytes, digest = writer.write_payload(encoded.payload, hashed)
+            raw = encoded.codec.codec_id == "raw"
+            hashed = planned.digests.get(i) if raw else None  # the same bytes
+            chunk = CHUNK_BYTES if raw and leaf.shard is not None else None
+            put = writer.write_payload(encoded.payload, hashed, chunk)
             config = encoded.codec.get_config()
             shard = None if leaf.shard is None else (leaf.shard.global_shape, leaf.shard.offset)
             entries[i] = PayloadEntry(
-                leaf.path, leaf.kind, leaf.dtype, leaf.shape, file, offset, nbytes, digest, config,
-                encoded.base, coord.rank, shard,
+                leaf.path, leaf.kind, leaf.dtype, leaf.shape, put.file, put.offset, put.nbytes, put.xxh3,
+                config, encoded.base, coord.rank, shard, put.chunks,
             )  # fmt: skip
         writer.persist()
     except (CrashsafeError, OSError) as exc:
@@ -268,11 +293,12 @@ def _global_manifest(
 
 
 def _entry(body: dict[str, Any]) -> PayloadEntry:
-    shard = body.get("shard")
+    shard, chunks = body.get("shard"), body.get("chunks")
     return PayloadEntry(
         body["path"], body["kind"], body["dtype"], tuple(body["shape"]), body["file"], body["offset"],
         body["nbytes"], body["xxh3"], body["codec"], body.get("base"), body["rank"],
         None if shard is None else (tuple(shard["global"]), tuple(shard["offset"])),
+        None if chunks is None else Chunks(chunks["bytes"], tuple(chunks["xxh3"])),
     )  # fmt: skip
 
 

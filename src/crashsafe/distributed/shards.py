@@ -3,14 +3,15 @@
 A DTensor's local shard is saved with its global shape and offset, so a checkpoint saved by N ranks
 can be read back in any layout: a whole tensor (one process, ``load``, export), or the local box of
 another mesh and placement (M ranks). Saved shards must tile their global tensor exactly; a reader
-that finds a gap or an overlap reports the step damaged.
+that finds a gap or an overlap reports the step damaged. Of a saved shard with chunk checksums (raw,
+format version 3) a reader that needs only a part reads and verifies only the chunks holding it.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -22,7 +23,9 @@ from crashsafe.state.inplace import Box, Destination
 from crashsafe.state.rebuild import to_value
 from crashsafe.state.tree import Shard
 
-__all__ = ["Box", "Targets", "box_jobs", "check_tiling", "fill", "fill_from", "live_targets", "read_sharded"]
+__all__ = [
+    "Box", "Targets", "box_jobs", "check_tiling", "fill_from", "flat_span", "live_targets", "read_sharded",
+]  # fmt: skip
 
 
 def _overlap(a: Box, b: Box) -> tuple[tuple[slice, ...], tuple[slice, ...]] | None:
@@ -52,15 +55,6 @@ def check_tiling(global_shape: tuple[int, ...], boxes: Sequence[Box], what: str)
         )
 
 
-def fill(out: np.ndarray[Any, Any], out_box: Box, pieces: Sequence[tuple[Box, np.ndarray[Any, Any]]]) -> None:
-    """Copy into ``out`` (the box ``out_box`` of the global tensor) every part of ``pieces`` that
-    falls inside it; each piece is (its box, its array)."""
-    for box, array in pieces:
-        both = _overlap(out_box, box)
-        if both is not None:
-            out[both[0]] = array.reshape(box[1])[both[1]]
-
-
 def box_jobs(
     manifest: Manifest, entry: PayloadEntry, into: Destination
 ) -> list[tuple[PayloadEntry, Destination]]:
@@ -84,20 +78,28 @@ def box_jobs(
     return jobs
 
 
-def fill_from(chains: ChainReader, step: int, part: PayloadEntry, into: Destination) -> None:
-    """Decode one saved shard whole (verified) and copy the part of it inside ``into.box`` into
-    ``into.out``: a shard that only overlaps the box (N ranks restored by more)."""
+def fill_from(
+    chains: ChainReader, step: int, part: PayloadEntry, into: Destination, *, verify_only: bool = False
+) -> None:
+    """Copy the part of one saved shard inside ``into.box`` into ``into.out``: a shard that only
+    overlaps the box (N ranks restored by more). See :func:`_cut` for what is read; with
+    ``verify_only`` the same bytes are verified and nothing is copied."""
     assert into.box is not None
     box = ((0,) * len(part.shape), part.shape) if part.shard is None else (part.shard[1], part.shape)
-    fill(into.out, into.box, [(box, chains.decode(step, part))])
+    both = _overlap(into.box, box)
+    if both is not None:
+        region = _cut(chains, step, part, both[1], verify_only)
+        if region is not None:
+            into.out[both[0]] = region
 
 
 def read_sharded(
     chains: ChainReader, manifest: Manifest, entry: PayloadEntry, target: Shard | None, numpy: bool
 ) -> Any:
     """The array a payload is part of: every rank's shards of it assembled whole, or cut to
-    ``target`` (a live DTensor's box, returned as a DTensor), decoding only the shards it meets.
-    A payload saved whole is cut the same way when a live DTensor wants a box of it."""
+    ``target`` (a live DTensor's box, returned as a DTensor), reading only the shards it meets, and
+    of a shard with chunk checksums only the chunks that hold its part (:func:`_cut`). A payload
+    saved whole is cut the same way when a live DTensor wants a box of it."""
     parts, boxes = _parts_of(manifest, entry)
     whole = entry.shape if entry.shard is None else entry.shard[0]
     check_tiling(whole, boxes, f"checkpoint step {manifest.step}: array '{entry.path}'")
@@ -106,14 +108,45 @@ def read_sharded(
         (target.offset, _box_shape(target)) if cut and target is not None else ((0,) * len(whole), whole)
     )
     out = np.empty(box[1], dtype=storage_dtype(entry.dtype))
-    pieces = [
-        (b, chains.decode(manifest.step, p)) for p, b in zip(parts, boxes, strict=True) if _meets(box, b)
-    ]
-    fill(out, box, pieces)
+    for part, part_box in zip(parts, boxes, strict=True):
+        both = _overlap(box, part_box) if math.prod(part_box[1]) else None
+        if both is not None:
+            out[both[0]] = _cut(chains, manifest.step, part, both[1], False)
     value = to_value(entry.kind, entry.dtype, out, numpy)
     if cut and target is not None and not numpy:
         return _as_dtensor(value, target)
     return value
+
+
+def _cut(
+    chains: ChainReader, step: int, part: PayloadEntry, where: tuple[slice, ...], verify_only: bool
+) -> np.ndarray[Any, Any] | None:
+    """The region ``where`` of saved shard ``part``, verified. A shard with chunk checksums is read
+    only over the chunks holding the contiguous run of its bytes from the region's first element to
+    its last (a rank's part of a shard of N ranks restored by more); any other shard, or a region
+    that is all of it, is decoded whole, so that every byte is verified against its checksum."""
+    whole = all(s.start == 0 and s.stop == n for s, n in zip(where, part.shape, strict=True))
+    if part.chunks is None or whole:
+        if verify_only:
+            chains.check(step, part)
+            return None
+        return cast("np.ndarray[Any, Any]", chains.decode(step, part)).reshape(part.shape)[where]
+    first, stop = flat_span(part.shape, where)
+    flat = chains.span(step, part, first, stop - first, verify_only=verify_only)
+    if flat is None:
+        return None
+    strides = tuple(math.prod(part.shape[i + 1 :]) * flat.itemsize for i in range(len(part.shape)))
+    shape = tuple(s.stop - s.start for s in where)
+    return np.ndarray(shape, flat.dtype, buffer=flat, strides=strides)  # bounds checked by numpy
+
+
+def flat_span(shape: tuple[int, ...], where: tuple[slice, ...]) -> tuple[int, int]:
+    """The flat (C order) indices ``[first, stop)`` from the first element of the non-empty region
+    ``where`` (slices with steps of 1) of an array of ``shape`` to its last."""
+    strides = [math.prod(shape[i + 1 :]) for i in range(len(shape))]
+    first = sum(s.start * k for s, k in zip(where, strides, strict=True))
+    last = sum((s.stop - 1) * k for s, k in zip(where, strides, strict=True))
+    return first, last + 1
 
 
 def _parts_of(manifest: Manifest, entry: PayloadEntry) -> tuple[list[PayloadEntry], list[Box]]:
@@ -137,10 +170,6 @@ def _box_shape(target: Shard) -> tuple[int, ...]:
 
     shape, _ = compute_local_shape_and_global_offset(target.global_shape, target.mesh, target.placements)
     return tuple(shape)
-
-
-def _meets(a: Box, b: Box) -> bool:
-    return math.prod(b[1]) > 0 and _overlap(a, b) is not None
 
 
 def _as_dtensor(local: Any, target: Shard) -> Any:

@@ -23,11 +23,13 @@ from crashsafe.format.checks import bad as _bad
 from crashsafe.format.checks import checked_int as _int
 from crashsafe.format.checks import member as _member
 from crashsafe.format.checks import show as _show
+from crashsafe.format.chunks import MAX_CHUNK_BYTES, MIN_CHUNK_BYTES, Chunks, chunk_count, combine
 from crashsafe.format.dtypes import DTYPES
 from crashsafe.format.tree import TreeCheck as _TreeCheck
 from crashsafe.format.tree import validate_tree
 
 __all__ = [
+    "CHUNKED_VERSION",
     "DISTRIBUTED_VERSION",
     "FORMAT_NAME",
     "FORMAT_VERSION",
@@ -43,6 +45,7 @@ __all__ = [
 FORMAT_NAME = "crashsafe-checkpoint"
 FORMAT_VERSION = 1  # what a single process writes
 DISTRIBUTED_VERSION = 2  # many ranks: per-rank trees, payloads with their writer and shard
+CHUNKED_VERSION = 3  # version 2, and raw shards with per-chunk checksums (format/chunks.py)
 MAX_RANKS = 65536
 MANIFEST_NAME = "manifest.json"
 MAX_STEP = MAX_INT64  # steps are int64 everywhere (names, JSON, other tools)
@@ -73,6 +76,7 @@ class PayloadEntry:
     base: int | None = None  # a delta codec's payload: the earlier step it is a delta against
     rank: int | None = None  # a distributed step's payload: the rank that wrote it
     shard: tuple[tuple[int, ...], tuple[int, ...]] | None = None  # (global shape, offset) of a shard
+    chunks: Chunks | None = None  # a raw shard's per-chunk checksums (its xxh3 is theirs combined)
 
     @property
     def raw_nbytes(self) -> int:
@@ -97,6 +101,8 @@ class PayloadEntry:
             body["rank"] = self.rank
         if self.shard is not None:
             body["shard"] = {"global": list(self.shard[0]), "offset": list(self.shard[1])}
+        if self.chunks is not None:
+            body["chunks"] = {"bytes": self.chunks.size, "xxh3": list(self.chunks.xxh3)}
         return body
 
 
@@ -131,7 +137,8 @@ class Manifest:
         return sum(p.raw_nbytes for p in self.payloads)
 
     def to_json(self) -> dict[str, Any]:
-        """Version 1 for a single process (readable by every crashsafe), 2 for many ranks."""
+        """Version 1 for a single process (readable by every crashsafe), 2 for many ranks, 3 for
+        many ranks with chunk checksums (read by crashsafe since they were added)."""
         body: dict[str, Any] = {
             "format": FORMAT_NAME,
             "version": FORMAT_VERSION,
@@ -143,7 +150,9 @@ class Manifest:
             "payloads": [p.to_json() for p in self.payloads],
         }
         if self.rank_trees or any(p.rank is not None or p.shard is not None for p in self.payloads):
-            body.update(version=DISTRIBUTED_VERSION, trees=[self.tree, *self.rank_trees])
+            chunked = any(p.chunks is not None for p in self.payloads)
+            version = CHUNKED_VERSION if chunked else DISTRIBUTED_VERSION
+            body.update(version=version, trees=[self.tree, *self.rank_trees])
         else:
             body["tree"] = self.tree
         return body
@@ -201,11 +210,11 @@ def _parse_manifest(data: bytes, where: str) -> tuple[dict[str, Any], object]:
     if body.get("format") != FORMAT_NAME:
         raise _bad(where, f"is not a crashsafe manifest (format={_show(body.get('format'))})")
     version = body.get("version")
-    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= DISTRIBUTED_VERSION:
+    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= CHUNKED_VERSION:
         raise _bad(
             where,
             f"has format version {_show(version)}; this crashsafe reads versions 1 to "
-            f"{DISTRIBUTED_VERSION}. Upgrade crashsafe to read it",
+            f"{CHUNKED_VERSION}. Upgrade crashsafe to read it",
         )
     return body, claimed
 
@@ -264,7 +273,8 @@ _FIELDS_V2 = _FIELDS - {"tree"} | {"trees"}
 
 
 def _validate(body: dict[str, Any], where: str) -> Manifest:
-    distributed = body["version"] == DISTRIBUTED_VERSION
+    version = body["version"]
+    distributed = version >= DISTRIBUTED_VERSION
     fields = _FIELDS_V2 if distributed else _FIELDS
     if body.keys() != fields:
         raise _bad(where, f"has unexpected fields {_show(sorted(body.keys() ^ fields))}")
@@ -287,7 +297,10 @@ def _validate(body: dict[str, Any], where: str) -> Manifest:
     trees = body["trees"]
     if not isinstance(trees, list) or not 1 <= len(trees) <= MAX_RANKS:
         raise _bad(where, f"has an invalid list of rank trees ({_show(trees)[:80]})")
-    payloads = tuple(_rank_payload(p, files, step, codecs, len(trees), where) for p in body["payloads"])
+    chunked = version >= CHUNKED_VERSION
+    payloads = tuple(
+        _rank_payload(p, files, step, codecs, len(trees), chunked, where) for p in body["payloads"]
+    )
     _unique_parts(payloads, where)
     used: set[int] = set()
     for rank, tree in enumerate(trees):
@@ -391,19 +404,56 @@ def _shape(raw: object, itemsize: int, at: str, where: str) -> tuple[int, ...]:
 
 
 def _rank_payload(
-    raw: object, files: dict[str, int], step: int, codecs: set[tuple[Any, ...]], world: int, where: str
+    raw: object,
+    files: dict[str, int],
+    step: int,
+    codecs: set[tuple[Any, ...]],
+    world: int,
+    chunked: bool,
+    where: str,
 ) -> PayloadEntry:
     """A payload of a distributed step: a plain entry plus its writer's rank and, for a shard of a
-    DTensor, its global shape and offset (the shard must lie inside the global tensor)."""
+    DTensor, its global shape and offset (the shard must lie inside the global tensor) and, from
+    version 3 on, for a raw shard, its chunk checksums."""
     if not isinstance(raw, dict) or "rank" not in raw:
         raise _bad(where, f"has a payload without its writer's rank {_show(raw)}")
-    plain = {k: v for k, v in raw.items() if k not in ("rank", "shard")}
+    plain = {k: v for k, v in raw.items() if k not in ("rank", "shard", "chunks")}
     entry = _payload(plain, files, step, codecs, where)
     rank = _int(raw["rank"], f"payload {entry.path[:100]!r} rank", where, maximum=world - 1)
     shard = None
     if "shard" in raw:
         shard = _shard(raw["shard"], entry, where)
-    return dataclasses.replace(entry, rank=rank, shard=shard)
+    entry = dataclasses.replace(entry, rank=rank, shard=shard)
+    if "chunks" in raw:
+        entry = dataclasses.replace(entry, chunks=_chunks(raw["chunks"], entry, chunked, where))
+    return entry
+
+
+def _chunks(raw: object, entry: PayloadEntry, chunked: bool, where: str) -> Chunks:
+    """Chunk checksums, allowed only in version 3 and only for a shard stored raw (so that a byte
+    range of the payload is a range of the array's elements): a power-of-two chunk size in
+    ``[MIN_CHUNK_BYTES, MAX_CHUNK_BYTES]``, one digest per chunk, whose combination is the
+    payload's checksum."""
+    at = f"payload {entry.path[:100]!r}"
+    if not chunked:
+        raise _bad(where, f"{at}: has chunk checksums, which format versions 1 and 2 do not have")
+    raw_shard = entry.codec == {"id": "raw"} and entry.nbytes == entry.raw_nbytes and entry.base is None
+    if entry.shard is None or not raw_shard:
+        raise _bad(where, f"{at}: has chunk checksums but is not a shard stored raw")
+    if not isinstance(raw, dict) or raw.keys() != {"bytes", "xxh3"}:
+        raise _bad(where, f"{at}: malformed chunk checksums {_show(raw)}")
+    size = _int(raw["bytes"], f"{at} chunk size", where, MIN_CHUNK_BYTES, MAX_CHUNK_BYTES)
+    if size & (size - 1):
+        raise _bad(where, f"{at}: chunk size {size} is not a power of two")
+    digests = raw["xxh3"]
+    count = chunk_count(entry.nbytes, size)
+    if not isinstance(digests, list) or len(digests) != count:
+        raise _bad(where, f"{at}: want {count} chunk checksums of {size} bytes, found {_show(digests)}")
+    if not all(isinstance(d, str) and _HEX64.fullmatch(d) for d in digests):
+        raise _bad(where, f"{at}: invalid chunk checksums {_show(digests)}")
+    if combine(digests) != entry.xxh3:
+        raise _bad(where, f"{at}: its chunk checksums do not combine to its checksum {entry.xxh3}")
+    return Chunks(size, tuple(digests))
 
 
 def _shard(raw: object, entry: PayloadEntry, where: str) -> tuple[tuple[int, ...], tuple[int, ...]]:

@@ -8,7 +8,7 @@ damaged manifest, a payload that does not match its checksum) is caught here, fo
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import xxhash
@@ -16,6 +16,7 @@ import xxhash
 from crashsafe._closing import Closing
 from crashsafe._memory import alloc_bytes
 from crashsafe.errors import CorruptCheckpointError, NoCheckpointError
+from crashsafe.format.chunks import chunk_count
 from crashsafe.format.manifest import MAX_MANIFEST_BYTES, Manifest, PayloadEntry, loads
 from crashsafe.storage.base import Store, StoredFile, StoredStep
 from crashsafe.storage.mapped import MappedFile, map_file
@@ -88,22 +89,26 @@ class StepReader(Closing):
         if self._stored.vanished():
             raise _vanished(self._stored)
 
-    def read_stored(self, entry: PayloadEntry) -> np.ndarray[Any, Any]:
+    def read_stored(self, entry: PayloadEntry, chunks: tuple[int, int] | None = None) -> np.ndarray[Any, Any]:
         """The stored (encoded) bytes of a payload, checksum-verified: a read-only view of the
-        mapped file where the store maps its files, else a buffer of their own."""
+        mapped file where the store maps its files, else a buffer of their own. ``chunks``: only
+        the chunks ``[first, end)`` of a payload with chunk checksums, each verified alone."""
+        start, stop = self._range(entry, chunks)
         mapped = self._mapped(entry.file)
         if mapped is not None:
-            buf = mapped.view(entry.offset, entry.nbytes)
+            buf = mapped.view(entry.offset + start, stop - start)
         else:
             try:
-                buf = alloc_bytes(entry.nbytes)
+                buf = alloc_bytes(stop - start)
             except (MemoryError, OSError):  # OSError: mmap's ENOMEM
                 raise CorruptCheckpointError(
                     f"{self.where}: payload '{entry.path}' is {entry.nbytes} bytes, more than this machine "
                     "can allocate"
                 ) from None
-            self._files[entry.file].read_into(buf.data, entry.offset)
-        self._check(entry, xxhash.xxh3_64_hexdigest(buf.data))
+            self._files[entry.file].read_into(buf.data, entry.offset + start)
+        digest = _Verifier(self.where, entry, start, stop)
+        digest.update(buf.data)
+        digest.finish()
         return buf
 
     def read_into(self, entry: PayloadEntry, out: np.ndarray[Any, Any]) -> None:
@@ -120,7 +125,7 @@ class StepReader(Closing):
         if dest.size != entry.nbytes:
             raise ValueError(f"payload '{entry.path}' is {entry.nbytes} bytes, the buffer {dest.size}")
         mapped = self._mapped(entry.file)
-        digest = xxhash.xxh3_64()
+        digest = _Verifier(self.where, entry, 0, entry.nbytes)
         start = 0
         while mapped is not None and start < entry.nbytes:
             chunk = dest[start : start + _READ_CHUNK]
@@ -137,7 +142,7 @@ class StepReader(Closing):
             part = dest[begin : begin + step]
             self._files[entry.file].read_into(part.data, entry.offset + begin)
             digest.update(part.data)
-        self._check(entry, digest.hexdigest())
+        digest.finish()
 
     def cached(self, entry: PayloadEntry) -> bool:
         """Whether the start of a payload is in the page cache (it maps in no time), as a hint of
@@ -151,14 +156,15 @@ class StepReader(Closing):
         mapped.populate(entry.offset, size)
         return time.perf_counter() - began <= size / _CACHED_BYTES_PER_SECOND
 
-    def check_stored(self, entry: PayloadEntry) -> None:
-        """Verify a payload's checksum, streaming it over the mapped file while it is cached, else
-        through a buffer: verification never holds a whole payload."""
+    def check_stored(self, entry: PayloadEntry, chunks: tuple[int, int] | None = None) -> None:
+        """Verify a payload's checksum (``chunks``: only the chunks ``[first, end)`` of a payload
+        with chunk checksums), streaming it over the mapped file while it is cached, else through
+        a buffer: verification never holds a whole payload."""
+        start, stop = self._range(entry, chunks)
         mapped = self._mapped(entry.file)
-        digest = xxhash.xxh3_64()
-        start = 0
-        while mapped is not None and start < entry.nbytes:
-            size = min(_CHECK_CHUNK, entry.nbytes - start)
+        digest = _Verifier(self.where, entry, start, stop)
+        while mapped is not None and start < stop:
+            size = min(_CHECK_CHUNK, stop - start)
             began = time.perf_counter()
             view = mapped.view(entry.offset + start, size)
             slow = time.perf_counter() - began > size / _CACHED_BYTES_PER_SECOND
@@ -166,12 +172,23 @@ class StepReader(Closing):
             start += size
             if slow:
                 break
-        buf = np.empty(min(entry.nbytes - start, _CHECK_CHUNK), dtype=np.uint8)
-        for begin in range(start, entry.nbytes, _CHECK_CHUNK):
-            size = min(_CHECK_CHUNK, entry.nbytes - begin)
+        buf = np.empty(min(stop - start, _CHECK_CHUNK), dtype=np.uint8)
+        for begin in range(start, stop, _CHECK_CHUNK):
+            size = min(_CHECK_CHUNK, stop - begin)
             self._files[entry.file].read_into(buf.data[:size], entry.offset + begin)
             digest.update(buf.data[:size])
-        self._check(entry, digest.hexdigest())
+        digest.finish()
+
+    @staticmethod
+    def _range(entry: PayloadEntry, chunks: tuple[int, int] | None) -> tuple[int, int]:
+        """The payload's bytes ``[start, stop)`` that ``chunks`` cover (None: all of them)."""
+        if chunks is None:
+            return 0, entry.nbytes
+        first, end = chunks
+        if entry.chunks is None or not 0 <= first <= end <= chunk_count(entry.nbytes, entry.chunks.size):
+            raise ValueError(f"payload '{entry.path}' has no chunks {first}..{end}")
+        size = entry.chunks.size
+        return first * size, min(end * size, entry.nbytes)
 
     def _mapped(self, name: str) -> MappedFile | None:
         """Data file ``name`` mapped into memory, if the store's files can be (mapped once)."""
@@ -179,16 +196,58 @@ class StepReader(Closing):
             self._maps[name] = map_file(self._store, self.step, name, self.manifest.files[name])
         return self._maps[name]
 
-    def _check(self, entry: PayloadEntry, digest: str) -> None:
-        if digest != entry.xxh3:
-            raise CorruptCheckpointError(
-                f"{self.where}: payload '{entry.path}' fails its checksum ({entry.file} bytes "
-                f"{entry.offset}..{entry.offset + entry.nbytes} are damaged)"
-            )
-
     def close(self) -> None:
         self._maps.clear()
         for file in self._files.values():
             file.close()
         self._files.clear()
         self._stored.close()
+
+
+class _Verifier:
+    """Checks a payload's stored bytes ``[start, stop)`` as they arrive, in order: against the
+    payload's xxh3 (all of its bytes), or for a payload with chunk checksums (``start`` then lies on
+    a chunk's edge) each chunk against its own, as soon as it is whole."""
+
+    def __init__(self, where: str, entry: PayloadEntry, start: int, stop: int) -> None:
+        self._where, self._entry = where, entry
+        self._at, self._stop = start, stop
+        self._digest = xxhash.xxh3_64()
+        self._size = entry.nbytes if entry.chunks is None else entry.chunks.size
+        self._end = min(start + self._size, stop)  # where the chunk being hashed ends
+
+    def update(self, data: memoryview) -> None:
+        """Hash the next bytes; raise CorruptCheckpointError as soon as a chunk of them is damaged."""
+        view = data.cast("B") if data.format != "B" or data.ndim != 1 else data
+        while len(view):
+            take = min(len(view), self._end - self._at)
+            if take <= 0:
+                raise ValueError(f"payload '{self._entry.path}': more bytes than {self._stop} were checked")
+            self._digest.update(view[:take])
+            self._at += take
+            view = view[take:]
+            if self._at == self._end and self._entry.chunks is not None:
+                self._close_chunk()
+
+    def finish(self) -> None:
+        """Raise CorruptCheckpointError unless every byte arrived and matches its checksum."""
+        if self._at != self._stop:
+            raise ValueError(f"payload '{self._entry.path}': {self._stop - self._at} bytes were not checked")
+        if self._entry.chunks is None and self._digest.hexdigest() != self._entry.xxh3:
+            self._damaged(0, self._entry.nbytes)
+
+    def _close_chunk(self) -> None:
+        chunks = self._entry.chunks
+        assert chunks is not None
+        index = (self._end - 1) // self._size
+        if self._digest.hexdigest() != chunks.xxh3[index]:
+            self._damaged(index * self._size, self._end)
+        self._digest.reset()
+        self._end = min(self._end + self._size, self._stop)
+
+    def _damaged(self, start: int, stop: int) -> NoReturn:
+        entry = self._entry
+        raise CorruptCheckpointError(
+            f"{self._where}: payload '{entry.path}' fails its checksum ({entry.file} bytes "
+            f"{entry.offset + start}..{entry.offset + stop} are damaged)"
+        )

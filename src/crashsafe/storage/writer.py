@@ -11,19 +11,36 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import xxhash
 
 import crashsafe._faults as faults
 from crashsafe.codecs.base import BytesLike
 from crashsafe.errors import UnsupportedStateError
+from crashsafe.format.chunks import Chunks, hash_chunks
 from crashsafe.format.manifest import Manifest, check_written, dumps
 from crashsafe.storage.base import Store
 
-__all__ = ["StepWriter", "delete_steps"]
+__all__ = ["StepWriter", "Written", "delete_steps"]
 
 _HASH_ASYNC_MIN = 4 << 20
 _HASHER = ThreadPoolExecutor(1, thread_name_prefix="crashsafe-hash")
+
+
+@dataclass(frozen=True)
+class Written:
+    """Where :meth:`StepWriter.write_payload` put a payload, and its checksum (and chunks')."""
+
+    file: str
+    offset: int
+    nbytes: int
+    xxh3: str
+    chunks: Chunks | None = None
+
+
+def _hash(view: memoryview, chunk: int | None) -> str | Chunks:
+    return xxhash.xxh3_64_hexdigest(view) if chunk is None else hash_chunks(view, chunk)
 
 
 class StepWriter:
@@ -36,22 +53,30 @@ class StepWriter:
         self._draft = store.begin(step, attempt=attempt, part=part)
         self._first = True
 
-    def write_payload(self, data: BytesLike, hashed: str | None = None) -> tuple[str, int, int, str]:
-        """Append one encoded payload; return (file, offset, nbytes, xxh3 hex). ``hashed``: the
-        payload's xxh3 hex, when the caller already hashed these very bytes (not hashed again)."""
+    def write_payload(
+        self, data: BytesLike, hashed: str | Chunks | None = None, chunk: int | None = None
+    ) -> Written:
+        """Append one encoded payload; return where it went and its checksum. ``chunk``: hash it in
+        chunks of that many bytes (a raw shard: docs/format.md, "Chunk checksums"). ``hashed``: the
+        checksum the caller already computed over these very bytes (not hashed again), its xxh3
+        hex or, for a payload hashed in chunks, its Chunks."""
         view = memoryview(data).cast("B")
+        if isinstance(hashed, str) and chunk is not None:
+            raise ValueError("a payload hashed in chunks needs its chunks' checksums, not one xxh3")
         # hash on another core while this one writes (both release the GIL)
         in_parallel = hashed is None and len(view) > _HASH_ASYNC_MIN
-        digest = _HASHER.submit(xxhash.xxh3_64_hexdigest, view) if in_parallel else None
+        digest = _HASHER.submit(_hash, view, chunk) if in_parallel else None
         try:
             file, offset = self._draft.write(view)
         finally:
             if hashed is None:
-                hashed = digest.result() if digest is not None else xxhash.xxh3_64_hexdigest(view)
+                hashed = digest.result() if digest is not None else _hash(view, chunk)
         if self._first and len(view) > 0:
             self._first = False
             faults.reached("mid_data")
-        return file, offset, len(view), hashed
+        if isinstance(hashed, Chunks):
+            return Written(file, offset, len(view), hashed.combined(), hashed)
+        return Written(file, offset, len(view), hashed)
 
     def files(self) -> dict[str, int]:
         """The data files written so far and their sizes (the manifest's file table)."""
