@@ -170,9 +170,10 @@ class ChainReader(Closing):
         skip = start - chunks[0] * entry.chunks.size
         return data[skip : skip + stop - start].view(storage_dtype(entry.dtype))
 
-    def cached(self, step: int, entry: PayloadEntry) -> bool:
-        """Whether the start of a payload of ``step`` is in the page cache (see StepReader.cached)."""
-        return self._reader(step).cached(entry)
+    def cached(self, step: int, entry: PayloadEntry, start: int = 0, stop: int | None = None) -> bool:
+        """Whether the first of bytes ``[start, stop)`` of a payload of ``step`` are in the page
+        cache (see StepReader.cached)."""
+        return self._reader(step).cached(entry, start, stop)
 
     def check(self, step: int, entry: PayloadEntry) -> None:
         """Verify the stored bytes of a payload and of every link of its chain, decoding nothing."""

@@ -28,7 +28,7 @@ from typing import Any
 
 from crashsafe.chain import ChainReader
 from crashsafe.distributed.collective import Collective
-from crashsafe.distributed.shards import Targets, box_jobs, fill_from, live_targets
+from crashsafe.distributed.shards import Targets, box_jobs, fill_from, live_targets, read_range
 from crashsafe.errors import CrashsafeError
 from crashsafe.format.manifest import PayloadEntry
 from crashsafe.loading import array_ids, holding, newest, read_value, reading_error, state_of
@@ -120,8 +120,9 @@ def restore_step(
             for i, d in into.items():  # a shard: each saved shard of its array that meets the box
                 entry = manifest.payloads[i]
                 jobs += [(entry, d)] if d.box is None else box_jobs(manifest, entry, d)
-            raw = [entry for entry, _ in jobs if _is_raw(entry)]
-            cached = bool(raw) and chains.cached(step, max(raw, key=lambda entry: entry.nbytes))
+            # probed where the largest read starts (a rank may read only a part of a shard)
+            largest = max((job for job in jobs if _is_raw(job[0])), key=_length, default=None)
+            cached = largest is not None and chains.cached(step, largest[0], *_span(largest))
             if verify_first:
                 _each(jobs, lambda entry, d: _check(chains, step, entry, d), cached)
             changes.made = changes.made or bool(jobs)
@@ -156,7 +157,7 @@ def _each(jobs: list[tuple[PayloadEntry, Destination]], work: _Work, cached: boo
     so nothing writes into live memory after a failure is raised."""
     cores = min(MAX_THREADS, os.cpu_count() or 1)
     raw = [j for j in jobs if _is_raw(j[0])]
-    lanes = _lanes(raw, cores if cached and sum(entry.nbytes for entry, _ in raw) >= LANES_FROM else 1)
+    lanes = _lanes(raw, cores if cached and sum(map(_length, raw)) >= LANES_FROM else 1)
     decode = sorted((j for j in jobs if not _is_raw(j[0]) and j[0].base is None), key=lambda j: -j[0].nbytes)
     lanes += [[job] for job in decode]
     threads = min(cores, len(lanes))
@@ -178,19 +179,30 @@ def _each(jobs: list[tuple[PayloadEntry, Destination]], work: _Work, cached: boo
 def _lanes(
     raw: list[tuple[PayloadEntry, Destination]], count: int
 ) -> list[list[tuple[PayloadEntry, Destination]]]:
-    """Raw payloads dealt into ``count`` lanes of about equal bytes, each read in file order."""
+    """Raw payloads dealt into ``count`` lanes of about equal bytes read, each read in file order."""
     lanes: list[list[tuple[PayloadEntry, Destination]]] = [[] for _ in range(count)]
     loads = [0] * count
-    for job in sorted(raw, key=lambda j: -j[0].nbytes):
+    for job in sorted(raw, key=lambda j: -_length(j)):
         lightest = loads.index(min(loads))
         lanes[lightest].append(job)
-        loads[lightest] += job[0].nbytes
+        loads[lightest] += _length(job)
     return [sorted(lane, key=lambda j: (j[0].file, j[0].offset)) for lane in lanes if lane]
 
 
 def _run(lane: list[tuple[PayloadEntry, Destination]], work: _Work) -> None:
     for entry, destination in lane:
         work(entry, destination)
+
+
+def _span(job: tuple[PayloadEntry, Destination]) -> tuple[int, int]:
+    """The bytes of a job's payload that it reads (a part of a shard with chunk checksums)."""
+    entry, into = job
+    return (0, entry.nbytes) if into.box is None else read_range(entry, into)
+
+
+def _length(job: tuple[PayloadEntry, Destination]) -> int:
+    start, stop = _span(job)
+    return stop - start
 
 
 def _is_raw(entry: PayloadEntry) -> bool:

@@ -24,7 +24,8 @@ from crashsafe.state.rebuild import to_value
 from crashsafe.state.tree import Shard
 
 __all__ = [
-    "Box", "Targets", "box_jobs", "check_tiling", "fill_from", "flat_span", "live_targets", "read_sharded",
+    "Box", "Targets", "box_jobs", "check_tiling", "fill_from", "flat_span", "live_targets", "read_range",
+    "read_sharded",
 ]  # fmt: skip
 
 
@@ -85,12 +86,26 @@ def fill_from(
     overlaps the box (N ranks restored by more). See :func:`_cut` for what is read; with
     ``verify_only`` the same bytes are verified and nothing is copied."""
     assert into.box is not None
-    box = ((0,) * len(part.shape), part.shape) if part.shard is None else (part.shard[1], part.shape)
-    both = _overlap(into.box, box)
+    both = _overlap(into.box, _box_of(part))
     if both is not None:
         region = _cut(chains, step, part, both[1], verify_only)
         if region is not None:
             into.out[both[0]] = region
+
+
+def read_range(part: PayloadEntry, into: Destination) -> tuple[int, int]:
+    """The bytes ``[start, stop)`` of saved shard ``part``'s payload that :func:`fill_from` needs
+    for ``into`` (it reads them rounded out to whole chunks), or all of them where it decodes the
+    shard whole: where reading starts, and about how much it reads."""
+    assert into.box is not None
+    both = _overlap(into.box, _box_of(part))
+    if both is None:
+        return 0, 0
+    span = _elements(part, both[1])
+    if span is None:
+        return 0, part.nbytes
+    itemsize = storage_dtype(part.dtype).itemsize
+    return span[0] * itemsize, span[1] * itemsize
 
 
 def read_sharded(
@@ -125,19 +140,27 @@ def _cut(
     only over the chunks holding the contiguous run of its bytes from the region's first element to
     its last (a rank's part of a shard of N ranks restored by more); any other shard, or a region
     that is all of it, is decoded whole, so that every byte is verified against its checksum."""
-    whole = all(s.start == 0 and s.stop == n for s, n in zip(where, part.shape, strict=True))
-    if part.chunks is None or whole:
+    span = _elements(part, where)
+    if span is None:
         if verify_only:
             chains.check(step, part)
             return None
         return cast("np.ndarray[Any, Any]", chains.decode(step, part)).reshape(part.shape)[where]
-    first, stop = flat_span(part.shape, where)
-    flat = chains.span(step, part, first, stop - first, verify_only=verify_only)
+    flat = chains.span(step, part, span[0], span[1] - span[0], verify_only=verify_only)
     if flat is None:
         return None
     strides = tuple(math.prod(part.shape[i + 1 :]) * flat.itemsize for i in range(len(part.shape)))
     shape = tuple(s.stop - s.start for s in where)
     return np.ndarray(shape, flat.dtype, buffer=flat, strides=strides)  # bounds checked by numpy
+
+
+def _elements(part: PayloadEntry, where: tuple[slice, ...]) -> tuple[int, int] | None:
+    """The flat elements of ``part`` that :func:`_cut` reads for region ``where``, or None if it
+    decodes the shard whole (it has no chunk checksums, or the region is all of it)."""
+    whole = all(s.start == 0 and s.stop == n for s, n in zip(where, part.shape, strict=True))
+    if part.chunks is None or whole:
+        return None
+    return flat_span(part.shape, where)
 
 
 def flat_span(shape: tuple[int, ...], where: tuple[slice, ...]) -> tuple[int, int]:
@@ -147,6 +170,11 @@ def flat_span(shape: tuple[int, ...], where: tuple[slice, ...]) -> tuple[int, in
     first = sum(s.start * k for s, k in zip(where, strides, strict=True))
     last = sum((s.stop - 1) * k for s, k in zip(where, strides, strict=True))
     return first, last + 1
+
+
+def _box_of(part: PayloadEntry) -> Box:
+    """Where a saved payload lies in its global tensor (all of it, if it was saved whole)."""
+    return ((0,) * len(part.shape), part.shape) if part.shard is None else (part.shard[1], part.shape)
 
 
 def _parts_of(manifest: Manifest, entry: PayloadEntry) -> tuple[list[PayloadEntry], list[Box]]:

@@ -144,16 +144,16 @@ class StepReader(Closing):
             digest.update(part.data)
         digest.finish()
 
-    def cached(self, entry: PayloadEntry) -> bool:
-        """Whether the start of a payload is in the page cache (it maps in no time), as a hint of
-        whether the step is: a cached step is read fastest by a thread per core, one from the disk
-        by one sequential stream."""
+    def cached(self, entry: PayloadEntry, start: int = 0, stop: int | None = None) -> bool:
+        """Whether the first of a payload's bytes ``[start, stop)`` (what a reader reads of it) are
+        in the page cache (they map in no time), as a hint of whether the step is: a cached step is
+        read fastest by a thread per core, one from the disk by one sequential stream."""
         mapped = self._mapped(entry.file)
         if mapped is None:
             return False
-        size = min(entry.nbytes, _READ_CHUNK)
+        size = min((entry.nbytes if stop is None else stop) - start, _READ_CHUNK)
         began = time.perf_counter()
-        mapped.populate(entry.offset, size)
+        mapped.populate(entry.offset + start, size)
         return time.perf_counter() - began <= size / _CACHED_BYTES_PER_SECOND
 
     def check_stored(self, entry: PayloadEntry, chunks: tuple[int, int] | None = None) -> None:

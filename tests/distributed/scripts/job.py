@@ -7,6 +7,9 @@ EVERY steps, and rank 0 writes the final full model and optimizer state to OUT (
 first trains to STOP only, then builds a fresh model, optimizer and RNG state and resumes from the
 checkpoint, as a restarted job would. Batches are drawn from (step, rank), so a resumed run sees the
 same data as an uninterrupted one. Prints "resumed N" at start and "step N" after each step.
+Environment: JOB_WIDTH, the hidden layer's width (32); JOB_CHUNK_BYTES, the size of the chunks
+whose checksums a raw shard's entry lists (crashsafe's own unless given), for this job and the
+scripts that build their model here.
 """
 
 import os
@@ -19,13 +22,19 @@ import torch
 import torch.distributed as dist
 from leaving import leave
 
+from crashsafe.distributed import saving
 from crashsafe.manager import CheckpointManager
 from crashsafe.state.rng import RNGState
 
+WIDTH = int(os.environ.get("JOB_WIDTH", "32"))
+if "JOB_CHUNK_BYTES" in os.environ:
+    saving.CHUNK_BYTES = int(os.environ["JOB_CHUNK_BYTES"])
+
 
 def build(kind: str, world: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """The model (``kind`` on ``world`` ranks, or plain for ``kind`` "plain") and its AdamW."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 6))
+    model = torch.nn.Sequential(torch.nn.Linear(8, WIDTH), torch.nn.Tanh(), torch.nn.Linear(WIDTH, 6))
     if kind == "fsdp":
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
@@ -35,7 +44,7 @@ def build(kind: str, world: int) -> tuple[torch.nn.Module, torch.optim.Optimizer
             if isinstance(layer, torch.nn.Linear):
                 fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)
-    else:
+    elif kind == "ddp":
         model = torch.nn.parallel.DistributedDataParallel(model)
     return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
 

@@ -2,9 +2,12 @@
 
 Usage: reshard.py IN OUT NPZ. With WORLD_SIZE > 1 in the environment the job is FSDP2 on that many
 ranks (gloo); otherwise one plain process without torch.distributed. Rank 0 writes the whole model
-and optimizer state it restored to NPZ, so a test can check every layout ends bit-identical.
+and optimizer state it restored to NPZ, so a test can check every layout ends bit-identical. Each
+rank prints one JSON line: the bytes of IN's files its restore read ("read", counted as the store
+layer served them: reads.py) and the bytes of the tensors it holds ("held": its local shards).
 """
 
+import json
 import os
 import sys
 
@@ -12,6 +15,7 @@ import torch
 import torch.distributed as dist
 from job import build, save_full
 from leaving import leave
+from reads import count_reads
 
 from crashsafe.manager import CheckpointManager
 from crashsafe.state.rng import RNGState
@@ -24,17 +28,25 @@ def main() -> None:
         dist.init_process_group("gloo")
         model, optim = build("fsdp", world)
     else:
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 6))
-        optim = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        model, optim = build("plain", 1)
     state = {"model": model, "optim": optim, "rng": RNGState(), "step": 0}
+    reads = count_reads()
     with CheckpointManager(source, read_only=True) as reader:
         reader.restore(state)
+    print(json.dumps({"read": reads.total(), "held": held(model, optim)}), flush=True)
     with CheckpointManager(target) as writer:
         writer.save(state["step"], state)
     save_full(model, optim, out)
     if world > 1:
         leave()
+
+
+def held(model: torch.nn.Module, optim: torch.optim.Optimizer) -> int:
+    """Bytes of the parameters and optimizer moments this rank holds (a DTensor: its local part)."""
+    tensors = [*model.parameters()]
+    tensors += [t for slots in optim.state.values() for t in slots.values() if t.dim()]
+    local = [t.to_local() if hasattr(t, "to_local") else t for t in tensors]
+    return sum(t.numel() * t.element_size() for t in local)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,60 @@
+"""Count the bytes of checkpoint files this process reads, as the store layer serves them.
+
+Every byte a step reader takes from a store passes through a mapped file's ``populate`` (its views
+and the page-cache probe) or a stored file's ``read_into``; both are wrapped here, and each file's
+ranges are merged, so a byte read twice (probed, then copied) counts once: the count is how much of
+the checkpoint's files the process touched.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from crashsafe.storage import local  # noqa: F401 - defines the local store's file class
+from crashsafe.storage.base import StoredFile
+from crashsafe.storage.mapped import MappedFile
+
+
+class Reads:
+    """Byte ranges read, per file (a step's data file: its reader's description of it)."""
+
+    def __init__(self) -> None:
+        self._ranges: dict[str, list[tuple[int, int]]] = {}
+        self._lock = threading.Lock()  # restore reads on several threads
+
+    def add(self, file: Any, offset: int, nbytes: int) -> None:
+        with self._lock:
+            name = str(getattr(file, "_what", id(file)))
+            self._ranges.setdefault(name, []).append((offset, offset + nbytes))
+
+    def total(self) -> int:
+        """Bytes read at least once, over every file."""
+        total = 0
+        for ranges in self._ranges.values():
+            reach = 0
+            for start, stop in sorted(ranges):
+                total += max(0, stop - max(start, reach))
+                reach = max(reach, stop)
+        return total
+
+
+def count_reads() -> Reads:
+    """Count from now on every byte this process reads from a checkpoint store."""
+    reads = Reads()
+    populate = MappedFile.populate
+
+    def counted_populate(self: MappedFile, offset: int, nbytes: int) -> None:
+        reads.add(self, offset, nbytes)
+        populate(self, offset, nbytes)
+
+    MappedFile.populate = counted_populate  # type: ignore[method-assign]
+    for cls in StoredFile.__subclasses__():
+        read_into = cls.read_into
+
+        def counted(self: StoredFile, view: memoryview, offset: int, read_into: Any = read_into) -> None:
+            reads.add(self, offset, len(view))
+            read_into(self, view, offset)
+
+        cls.read_into = counted  # type: ignore[method-assign]
+    return reads
