@@ -19,7 +19,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import crashsafe as cs
+from crashsafe.format.chunks import Chunks, combine
 from crashsafe.format.manifest import (
+    CHUNKED_VERSION,
     MANIFEST_NAME,
     MAX_JSON_OBJECTS,
     MAX_JSON_VALUES,
@@ -320,6 +322,132 @@ def test_a_state_of_150k_tensors_fits_the_bounds() -> None:
     at_96 = sizes[1] + (sizes[1] - sizes[0]) * (96 - 8) / 4
     bounds = np.array([MAX_MANIFEST_BYTES, MAX_JSON_OBJECTS, MAX_JSON_VALUES])
     assert np.all(at_96 * 1.25 < bounds), (at_96, bounds)
+
+
+# ---------------------------------------------------------------- chunk checksums (version 3)
+
+
+def chunked_body() -> Body:
+    """A valid version 3 manifest: array w of (4, 2048) float32 in two raw shards of 4 chunks."""
+    payloads, trees = [], []
+    for rank in (0, 1):
+        chunks = Chunks(4096, tuple(f"{rank}{i:015x}" for i in range(4)))
+        entry = PayloadEntry(
+            "w", "torch", "float32", (2, 2048), f"data-r{rank}.bin", 0, 16384, chunks.combined(),
+            {"id": "raw"}, None, rank, ((4, 2048), (2 * rank, 0)), chunks,
+        )  # fmt: skip
+        payloads.append(entry)
+        trees.append({"t": "dict", "keys": ["w"], "vals": [{"t": "array", "id": rank}]})
+    files = {"data-r0.bin": 16384, "data-r1.bin": 16384}
+    manifest = Manifest(2, 1.5, trees[0], tuple(payloads), files, rank_trees=(trees[1],))
+    body: Body = json.loads(dumps(manifest))
+    return body
+
+
+def test_the_chunked_body_loads() -> None:
+    manifest = loads(signed(chunked_body()))
+    assert [p.chunks and len(p.chunks.xxh3) for p in manifest.payloads] == [4, 4]
+
+
+def _chunks(**change: Any) -> Edit:
+    def edit(body: Body) -> None:
+        body["payloads"][0]["chunks"].update(change)
+
+    return edit
+
+
+def _payload(**change: Any) -> Edit:
+    def edit(body: Body) -> None:
+        body["payloads"][0].update(change)
+
+    return edit
+
+
+def _digest(value: str, fix_checksum: bool = False) -> Edit:
+    def edit(body: Body) -> None:
+        entry = body["payloads"][0]
+        entry["chunks"]["xxh3"][2] = value
+        if fix_checksum:
+            entry["xxh3"] = combine(entry["chunks"]["xxh3"])
+
+    return edit
+
+
+def _drop(key: str) -> Edit:
+    return lambda body: body["payloads"][0].pop(key)
+
+
+FORGED_CHUNKS: dict[str, tuple[Edit, str]] = {
+    "chunks in version 2": (lambda body: body.update(version=2), "format versions 1 and 2 do not have"),
+    "chunks on an unsharded payload": (_drop("shard"), "is not a shard stored raw"),
+    "chunks on a zstd shard": (_payload(codec={"id": "zstd", "level": 1}), "is not a shard stored raw"),
+    "chunks on a delta": (_payload(base=1), "is not a shard stored raw"),
+    "stored bytes are not the array's": (_payload(nbytes=16000), "is not a shard stored raw"),
+    "chunks as a list": (_payload(chunks=[4096, "0" * 16]), "malformed chunk checksums"),
+    "chunks without digests": (_payload(chunks={"bytes": 4096}), "malformed chunk checksums"),
+    "chunks with another field": (_chunks(more=1), "malformed chunk checksums"),
+    "size not a power of two": (_chunks(bytes=6144), "is not a power of two"),
+    "size below 4 KiB": (_chunks(bytes=2048), "invalid payload 'w' chunk size"),
+    "size over 1 GiB": (_chunks(bytes=2**31), "invalid payload 'w' chunk size"),
+    "size true": (_chunks(bytes=True), "invalid payload 'w' chunk size"),
+    "size 4096.0": (_chunks(bytes=4096.0), "invalid payload 'w' chunk size"),
+    "one digest short": (_chunks(xxh3=["0" * 16] * 3), "want 4 chunk checksums of 4096 bytes"),
+    "one digest too many": (_chunks(xxh3=["0" * 16] * 5), "want 4 chunk checksums"),
+    "digests as a string": (_chunks(xxh3="0" * 64), "want 4 chunk checksums"),
+    "a digest in upper case": (_digest("ABCDEF0123456789", fix_checksum=True), "invalid chunk checksums"),
+    "a digest too short": (_digest("0" * 15), "invalid chunk checksums"),
+    "a digest as an int": (_chunks(xxh3=["0" * 16, "1" * 16, 7, "2" * 16]), "invalid chunk checksums"),
+    "a digest changed": (_digest("f" * 16), "do not combine to its checksum"),
+}
+
+
+@pytest.mark.parametrize("name", FORGED_CHUNKS)
+def test_re_signed_forgeries_of_chunk_checksums_are_refused(name: str) -> None:
+    edit, message = FORGED_CHUNKS[name]
+    body = chunked_body()
+    edit(body)
+    with pytest.raises(cs.CorruptCheckpointError, match=message):
+        loads(signed(body))
+
+
+def test_an_older_crashsafe_message_for_a_newer_version_is_kept() -> None:
+    body = chunked_body()
+    body["version"] = CHUNKED_VERSION + 1
+    with pytest.raises(cs.CorruptCheckpointError, match="reads versions 1 to 3. Upgrade crashsafe"):
+        loads(signed(body))
+
+
+chunk_values = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**63), 2**63 - 1), st.text(max_size=17),
+    st.sampled_from([4096, 2**30, 2**31, 3.0, "0" * 16]),
+    st.lists(st.sampled_from(["0" * 16, "f" * 16, 1, None]), max_size=6),
+)  # fmt: skip
+
+
+@HOSTILE
+@given(data=st.data())
+def test_re_signed_mutations_of_a_chunked_manifest_load_or_are_corrupt_checkpoint_errors(
+    data: st.DataObject,
+) -> None:
+    """Replace any value anywhere in a valid version 3 manifest, re-sign: a Manifest or a
+    CorruptCheckpointError, never another error."""
+    body = chunked_body()
+    body.pop("checksum")
+    node: Any = body
+    while True:
+        keys = sorted(node, key=str) if isinstance(node, dict) else list(range(len(node)))
+        key = data.draw(st.sampled_from(keys))
+        child = node[key]
+        if not isinstance(child, (dict, list)) or not child or data.draw(st.booleans()):
+            node[key] = data.draw(chunk_values)
+            break
+        node = child
+    try:
+        manifest = loads(signed(body))
+    except cs.CorruptCheckpointError:
+        return
+    assert isinstance(manifest, Manifest)
+
 
 
 # ------------------------------------------------------------------------------ end to end
