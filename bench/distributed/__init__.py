@@ -98,9 +98,16 @@ def _wait_for_memory(world: int, cfg: dict[str, Any], name: str) -> None:
         time.sleep(10)
 
 
-def launch(world: int, cfg: dict[str, Any], name: str) -> dict[str, Any]:
-    """Run one job of ``world`` ranks with ``cfg``; return rank 0's results and the machine's lowest
-    available memory while it ran. Every rank is killed if any fails or the launch overruns."""
+def launch(
+    world: int,
+    cfg: dict[str, Any],
+    name: str,
+    module: str = "bench.distributed.rank",
+    src: Path = ROOT / "src",
+) -> dict[str, Any]:
+    """Run one job of ``world`` ranks (``python -m module CONFIG``, crashsafe from ``src``) with
+    ``cfg``; return rank 0's results and the machine's lowest available memory while it ran. Every
+    rank is killed if any fails or the launch overruns."""
     cfg = {**cfg, "out": str(WORK / f"{name}.json")}
     _wait_for_memory(world, cfg, name)
     config = WORK / f"{name}.cfg.json"
@@ -111,7 +118,7 @@ def launch(world: int, cfg: dict[str, Any], name: str) -> dict[str, Any]:
         port = listener.getsockname()[1]
         for rank in range(world):
             env = {
-                **os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'src'}", "RANK": str(rank),
+                **os.environ, "PYTHONPATH": f"{ROOT}:{src}", "RANK": str(rank),
                 "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                 "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
             }  # fmt: skip
@@ -120,7 +127,7 @@ def launch(world: int, cfg: dict[str, Any], name: str) -> dict[str, Any]:
                 env["BENCH_STORE_FD"] = str(listener.fileno())
                 fds = (listener.fileno(),)
             log = open(WORK / f"{name}.rank{rank}.log", "w")  # noqa: SIM115 - closed below
-            cmd = [sys.executable, "-m", "bench.distributed.rank", str(config)]
+            cmd = [sys.executable, "-m", module, str(config)]
             proc = subprocess.Popen(
                 cmd, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, pass_fds=fds,
                 preexec_fn=_die_with_launcher,
