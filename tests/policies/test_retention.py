@@ -184,11 +184,10 @@ def write_step(store: Store, step: int, facts: StepFacts, bases: set[int]) -> No
     paths = [f"p{base}" for base in sorted(bases)] or ["full"]
     entries = []
     for path in paths:
-        file, offset, nbytes, digest = writer.write_payload(np.full(1, float(step)).tobytes())
+        put = writer.write_payload(np.full(1, float(step)).tobytes())
         base = int(path[1:]) if path != "full" else None
-        entries.append(
-            PayloadEntry(path, "numpy", "float64", (1,), file, offset, nbytes, digest, {"id": "raw"}, base)
-        )
+        where = (put.file, put.offset, put.nbytes, put.xxh3)
+        entries.append(PayloadEntry(path, "numpy", "float64", (1,), *where, {"id": "raw"}, base))
     tree = {"t": "dict", "keys": paths, "vals": [{"t": "array", "id": i} for i in range(len(paths))]}
     writer.commit(Manifest(step, facts.created, tree, tuple(entries), writer.files(), dict(facts.metrics)))
 

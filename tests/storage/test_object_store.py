@@ -100,9 +100,11 @@ def test_two_writers_racing_on_one_step_commit_exactly_once(bucket: str, options
     for writer, value in ((first, 1.0), (second, 2.0)):
         entries.append(writer.write_payload(np.full(100, value).data))
     from crashsafe.format.manifest import Manifest, PayloadEntry
+    from crashsafe.storage.writer import Written
 
-    def manifest(writer: StepWriter, entry: tuple[str, int, int, str]) -> Manifest:
-        payload = PayloadEntry("w", "numpy", "float64", (100,), *entry, {"id": "raw"})
+    def manifest(writer: StepWriter, put: Written) -> Manifest:
+        where = (put.file, put.offset, put.nbytes, put.xxh3)
+        payload = PayloadEntry("w", "numpy", "float64", (100,), *where, {"id": "raw"})
         tree = {"t": "dict", "keys": ["w"], "vals": [{"t": "array", "id": 0}]}
         return Manifest(7, time.time(), tree, (payload,), writer.files())
 
