@@ -7,6 +7,9 @@ resharded restore (4 -> 2 and 2 -> 4) and peak extra memory per rank. Each launc
 in the same processes, one after the other (bench/distributed/rank.py).
 
     python -m bench distributed [--quick] [--saves N]
+
+``python -m bench.distributed.grow`` measures what a rank of a larger world reads (N ranks' FSDP2
+checkpoint restored by M > N) and how long it takes, with this crashsafe or another (``--src``).
 """
 
 from __future__ import annotations

@@ -201,6 +201,7 @@ def _span(job: tuple[PayloadEntry, Destination]) -> tuple[int, int]:
 
 
 def _length(job: tuple[PayloadEntry, Destination]) -> int:
+    """How many bytes of its payload a job reads (before rounding out to whole chunks)."""
     start, stop = _span(job)
     return stop - start
 

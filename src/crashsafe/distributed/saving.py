@@ -52,7 +52,7 @@ __all__ = ["PLAN_LATER", "Listing", "ReplicaPlanner", "StepPlan", "save_step"]
 
 PLAN_FIRST_FROM = 1 << 20  # bytes a rank holds but does not write, from which saves plan first
 # A raw shard's chunk checksums: a rank of a larger world reads and verifies only the chunks it
-# needs (docs/distributed.md, "Reading"); ~5 KB of manifest per GiB of shards.
+# needs (docs/format.md, "Chunk checksums"); ~5 KB of manifest per GiB of shards.
 CHUNK_BYTES = 4 << 20
 
 

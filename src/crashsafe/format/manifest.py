@@ -138,7 +138,7 @@ class Manifest:
 
     def to_json(self) -> dict[str, Any]:
         """Version 1 for a single process (readable by every crashsafe), 2 for many ranks, 3 for
-        many ranks with chunk checksums (read by crashsafe since they were added)."""
+        many ranks with chunk checksums (docs/format.md: an older crashsafe refuses it)."""
         body: dict[str, Any] = {
             "format": FORMAT_NAME,
             "version": FORMAT_VERSION,

@@ -40,6 +40,7 @@ class Written:
 
 
 def _hash(view: memoryview, chunk: int | None) -> str | Chunks:
+    """The checksum of a payload's bytes: its xxh3, or its chunks' (``chunk`` bytes each)."""
     return xxhash.xxh3_64_hexdigest(view) if chunk is None else hash_chunks(view, chunk)
 
 
