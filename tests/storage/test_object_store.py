@@ -83,11 +83,13 @@ def test_readers_see_only_committed_steps_and_leftovers_are_cleaned(
     fs = s3fs.S3FileSystem(**options)
     assert any("step_000000000002/data-" in key for key in fs.find(f"{bucket}/run"))
     assert store.steps() == [1]
+    assert [s for s in range(4) if store.has_step(s)] == [1]  # a save's own question: one request
     reader = cs.CheckpointManager(url, storage_options=options, read_only=True)
     assert reader.steps() == [1] and reader.load()["step"] == 1
     assert cs.verify(url, storage_options=options).leftovers == [store.leftovers()[0]]
-    with cs.CheckpointManager(url, storage_options=options):  # the next writer cleans up
-        pass
+    writer = cs.CheckpointManager(url, storage_options=options)  # the next writer cleans up
+    with writer, pytest.raises(cs.CheckpointExistsError, match="never overwritten"):
+        writer.save(1, _state(9))
     fs.invalidate_cache()
     assert not any("step_000000000002" in key for key in fs.find(f"{bucket}/run"))
 

@@ -137,6 +137,16 @@ class FsspecStore(Store):
                 committed.add(step)
         return sorted(committed)
 
+    def has_step(self, step: int) -> bool:
+        """One request for the step's manifest (what ``steps()`` looks for), not a listing."""
+        path = self.path(step_name(step), MANIFEST_NAME)
+        self.fs.invalidate_cache(path)
+        try:
+            self._call(lambda: self.fs.info(path), f"checking step {step}")
+        except FileNotFoundError:
+            return False
+        return True
+
     def open_step(self, step: int) -> StoredStep:
         return _ObjectStep(self, step)
 
