@@ -29,6 +29,7 @@ from crashsafe.format.manifest import (
     Manifest,
     PayloadEntry,
     _canonical,
+    check_written,
     dumps,
     loads,
 )
@@ -174,6 +175,15 @@ def test_re_signed_mutations_load_or_are_corrupt_checkpoint_errors(data: st.Data
     except cs.CorruptCheckpointError:
         return
     assert isinstance(manifest, Manifest)
+    _assert_written_form_loads_back(manifest)
+
+
+def _assert_written_form_loads_back(manifest: Manifest) -> None:
+    """What the writer makes of a manifest a reader accepted: the reader gets it back equal, and the
+    writer's own check (``check_written``: all but the checksum it just took) agrees."""
+    written = dumps(manifest)
+    assert loads(written) == manifest
+    assert check_written(written, "manifest") == manifest
 
 
 def _damaged_valid_manifest() -> st.SearchStrategy[bytes]:
@@ -447,7 +457,7 @@ def test_re_signed_mutations_of_a_chunked_manifest_load_or_are_corrupt_checkpoin
     except cs.CorruptCheckpointError:
         return
     assert isinstance(manifest, Manifest)
-
+    _assert_written_form_loads_back(manifest)
 
 
 # ------------------------------------------------------------------------------ end to end
