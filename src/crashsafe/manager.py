@@ -183,8 +183,8 @@ class CheckpointManager:
         cleaned = clean_metrics(metrics)
         replicas = self._collective.replicas if self._collective else None
         snapshot, planned = take_snapshot(state, store, self._pool, replicas, checked=bool(self._stats))
-        exists = store.has_step(step) if planned is None else step in planned.committed  # PLAN_LATER: later
-        if exists:
+        exists = store.has_step(step) if planned is None else step in planned.committed
+        if exists:  # (PLAN_LATER lists nothing: its re-save is checked in the background)
             self._replace_damaged(store, step)
         stall = time.perf_counter() - begin
         self._stalled += stall
