@@ -24,63 +24,14 @@ import json
 import os
 import shutil
 import sys
-import threading
 import time
 import warnings
 from pathlib import Path
 from typing import Any
 
+from bench.readcount import Reads, count_reads
+
 MiB = 1 << 20
-
-
-class _Reads:
-    """Byte ranges of the checkpoint's files this process read, per file, each byte counted once."""
-
-    def __init__(self) -> None:
-        self.ranges: dict[str, list[tuple[int, int]]] = {}
-        self._lock = threading.Lock()
-
-    def add(self, file: object, offset: int, nbytes: int) -> None:
-        with self._lock:
-            name = str(getattr(file, "_what", id(file)))  # a step's data file, as its reader names it
-            self.ranges.setdefault(name, []).append((offset, offset + nbytes))
-
-    def take(self) -> int:
-        """Bytes read since the last call."""
-        total = 0
-        with self._lock:
-            for ranges in self.ranges.values():
-                reach = 0
-                for start, stop in sorted(ranges):
-                    total += max(0, stop - max(start, reach))
-                    reach = max(reach, stop)
-            self.ranges.clear()
-        return total
-
-
-def _count_reads() -> _Reads:
-    """Count every byte a step reader takes from a store from now on (see the module doc)."""
-    from crashsafe.storage import local  # noqa: F401 - defines the local store's file class
-    from crashsafe.storage.base import StoredFile
-    from crashsafe.storage.mapped import MappedFile
-
-    reads = _Reads()
-    populate = MappedFile.populate
-
-    def counted_populate(self: MappedFile, offset: int, nbytes: int) -> None:
-        reads.add(self, offset, nbytes)
-        populate(self, offset, nbytes)
-
-    MappedFile.populate = counted_populate  # type: ignore[method-assign]
-    for cls in StoredFile.__subclasses__():
-        read_into = cls.read_into
-
-        def counted(self: StoredFile, view: memoryview, offset: int, read_into: Any = read_into) -> None:
-            reads.add(self, offset, len(view))
-            read_into(self, view, offset)
-
-        cls.read_into = counted  # type: ignore[method-assign]
-    return reads
 
 
 def _read_bytes() -> int:
@@ -99,7 +50,7 @@ def _evict(directory: Path) -> None:
             os.close(fd)
 
 
-def _restore(cfg: dict[str, Any], cold: bool, reads: _Reads) -> dict[str, Any]:
+def _restore(cfg: dict[str, Any], cold: bool, reads: Reads) -> dict[str, Any]:
     """One restore of the newest step into a fresh model and optimizer, measured on every rank."""
     import torch.distributed as dist
 
@@ -143,7 +94,7 @@ def rank_main(config: str) -> None:
             mgr.save(1, {"model": model, "optim": optim, "step": 1})
         result: dict[str, Any] = {"fingerprint": fingerprint(model, optim)}
     else:
-        reads = _count_reads()
+        reads = count_reads()
         rounds = range(cfg["repeat"])
         result = {run: [_restore(cfg, run == "cold", reads) for _ in rounds] for run in ("cold", "warm")}
     if dist.get_rank() == 0:

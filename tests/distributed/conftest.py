@@ -14,6 +14,7 @@ import pytest
 
 SCRIPTS = Path(__file__).parent / "scripts"
 SRC = Path(__file__).resolve().parents[2] / "src"
+PATH = f"{SRC}:{SCRIPTS}:{SRC.parent}"  # the job scripts count reads with bench/readcount.py
 
 
 def free_port() -> int:
@@ -33,7 +34,7 @@ class Ranks:
         self.procs = []
         for rank in range(world):
             env = {
-                **os.environ, "PYTHONPATH": f"{SRC}:{SCRIPTS}", "PYTHONUNBUFFERED": "1", "RANK": str(rank),
+                **os.environ, "PYTHONPATH": PATH, "PYTHONUNBUFFERED": "1", "RANK": str(rank),
                 "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                 "OMP_NUM_THREADS": "1", **env_of.get(rank, {}),
             }  # fmt: skip

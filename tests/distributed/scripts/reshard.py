@@ -4,7 +4,7 @@ Usage: reshard.py IN OUT NPZ. With WORLD_SIZE > 1 in the environment the job is 
 ranks (gloo); otherwise one plain process without torch.distributed. Rank 0 writes the whole model
 and optimizer state it restored to NPZ, so a test can check every layout ends bit-identical. Each
 rank prints one JSON line: the bytes of IN's files its restore read ("read", counted as the store
-layer served them: reads.py) and the bytes of the tensors it holds ("held": its local shards).
+layer served them: bench/readcount.py) and the bytes of the tensors it holds ("held": its local shards).
 """
 
 import json
@@ -13,9 +13,9 @@ import sys
 
 import torch
 import torch.distributed as dist
+from bench.readcount import count_reads
 from job import build, save_full
 from leaving import leave
-from reads import count_reads
 
 from crashsafe.manager import CheckpointManager
 from crashsafe.state.rng import RNGState
@@ -33,7 +33,7 @@ def main() -> None:
     reads = count_reads()
     with CheckpointManager(source, read_only=True) as reader:
         reader.restore(state)
-    print(json.dumps({"read": reads.total(), "held": held(model, optim)}), flush=True)
+    print(json.dumps({"read": reads.take(), "held": held(model, optim)}), flush=True)
     with CheckpointManager(target) as writer:
         writer.save(state["step"], state)
     save_full(model, optim, out)
