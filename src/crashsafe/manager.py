@@ -124,6 +124,7 @@ class CheckpointManager:
         self._planner = SavePlanner(codec, lossless)
         self._bases: dict[int, frozenset[int]] = {}  # step -> steps its deltas need (cache)
         self._facts: dict[int, StepFacts] = {}  # step -> its commit time and metrics (cache)
+        self._listed: set[int] | None = None  # the steps the last background save listed, and it
         self._lock: Lock | None = None
         self._store: Store | None = None  # a writer's store, held open for its lifetime
         self._mirror: Mirror | None = None
@@ -183,7 +184,8 @@ class CheckpointManager:
         cleaned = clean_metrics(metrics)
         replicas = self._collective.replicas if self._collective else None
         snapshot, planned = take_snapshot(state, store, self._pool, replicas, checked=bool(self._stats))
-        exists = store.has_step(step) if planned is None else step in planned.committed
+        known = self._listed is None or step in self._listed  # else new: this writer holds the lock
+        exists = known and store.has_step(step) if planned is None else step in planned.committed
         if exists:  # (PLAN_LATER lists nothing: its re-save is checked in the background)
             self._replace_damaged(store, step)
         stall = time.perf_counter() - begin
@@ -304,8 +306,10 @@ class CheckpointManager:
             )  # fmt: skip
             persisted = time.perf_counter() - begin  # committed for every rank; rank 0 applied retention
         else:
-            committed = frozenset(store.steps()) - {step}  # delta bases, listed off the training thread
-            manifest = save_step(store, self._planner, step, committed, tree, leaves, arrays, metrics, info)
+            listed = store.steps()  # the delta bases, listed off the training thread
+            bases = frozenset(listed) - {step}
+            manifest = save_step(store, self._planner, step, bases, tree, leaves, arrays, metrics, info)
+            self._listed = {*listed, step}
             self._committed(manifest)
             if self._mirror is not None:
                 self._mirror.add(step)
@@ -345,10 +349,8 @@ class CheckpointManager:
         self._forget(steps)
 
     def delete(self, steps: Sequence[int]) -> None:
-        """Delete committed ``steps`` crash-safely (each is renamed out of view, then removed).
-
-        Refuses, deleting nothing, if a step that stays needs one of them as a delta base.
-        """
+        """Delete committed ``steps`` crash-safely (each is renamed out of view, then removed);
+        refuses, deleting nothing, if a step that stays needs one of them as a delta base."""
         store = self._writable()
         self._wait_pending()
 
@@ -519,9 +521,7 @@ class CheckpointManager:
         ``load_state_dict`` can judge: if one raises, restore stops there (``docs/state.md``).
         """
         if not isinstance(state, MutableMapping):
-            raise UnsupportedStateError(
-                f"restore needs the dict of live objects, got a {type(state).__name__}"
-            )
+            raise UnsupportedStateError(f"restore needs a dict of live objects, not a {type(state).__name__}")
         picked = pick_step(step, metric, mode, self.best_step)
         return self._read(lambda stores: restore_into(stores, state, picked, self._collective, stacklevel=5))
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +44,31 @@ def test_committed_step_is_never_overwritten(tmp_path: Path) -> None:
         with pytest.raises(cs.CheckpointExistsError, match="never overwritten"):
             mgr.save(7, _state(99))
         assert mgr.load(7)["w"][0] == 7.0
+
+
+def test_a_step_made_behind_the_writers_back_is_never_overwritten(tmp_path: Path) -> None:
+    """A save asks the store only about the steps its last background save listed (the writer holds
+    the lock, so any other step is new): a step copied in by hand after that listing is found by the
+    commit, which refuses it, leaving the copy as it was; a listed step deleted by hand is saved again."""
+    other = tmp_path / "other"
+    with cs.CheckpointManager(other, async_save=False) as mgr:
+        mgr.save(5, _state(55))
+    ckpt = tmp_path / "ckpt"
+    with cs.CheckpointManager(ckpt, keep_last=None) as mgr:
+        mgr.save(1, _state(1))
+        mgr.save(2, _state(2))
+        mgr.wait()
+        shutil.copytree(step_dir(other, 5), step_dir(ckpt, 5))
+        mgr.save(5, _state(5))  # returns after the copy: the commit finds the step
+        with pytest.raises(cs.CheckpointExistsError, match="never overwritten"):
+            mgr.wait()
+        shutil.rmtree(step_dir(ckpt, 1))
+        mgr.save(1, _state(11))
+        with pytest.raises(cs.CheckpointExistsError, match="never overwritten"):
+            mgr.save(2, _state(22))
+    reader = cs.CheckpointManager(ckpt, read_only=True)
+    assert reader.steps() == [1, 2, 5] and cs.verify(ckpt).ok
+    assert [reader.load(step)["w"][0] for step in (1, 2, 5)] == [11.0, 2.0, 55.0]
 
 
 def test_saving_a_damaged_committed_step_again_replaces_it(tmp_path: Path) -> None:

@@ -8,8 +8,10 @@ import random
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from transformers import TrainerCallback
 from transformers.utils import logging
 
 import crashsafe as cs
@@ -93,3 +95,30 @@ def test_no_checkpoint_starts_afresh_and_a_policy_decides_when_to_save(tmp_path:
         state = mgr.load()
     assert state["trainer_state"].global_step == 14
     assert state["hf_config"]["n_embd"] == 64
+
+
+def test_a_config_changed_in_training_is_saved_as_it_is_at_each_save(tmp_path: Path) -> None:
+    """The config is taken again only when it changed: a new field, a nested dict changed in place
+    and an array changed in place (whose comparison has no truth value) each reach the next step."""
+
+    class Edit(TrainerCallback):  # type: ignore[misc]
+        def on_step_end(self, args: object, state: object, control: object, **kwargs: object) -> None:
+            config, step = trainer.model.config, trainer.state.global_step
+            if step == 5:
+                config.task_specific_params = {"x": {"y": 1}}
+            elif step == 9:
+                config.task_specific_params["x"]["y"] = 2
+                config.scale = np.array([1.0, 2.0])
+            elif step == 13:
+                config.scale[0] = 3.0
+
+    trainer = _trainer(tmp_path, 16, 4, callbacks=[Edit()])
+    trainer.train()
+    trainer.close()
+    with cs.CheckpointManager(tmp_path / "crashsafe", read_only=True, keep_last=None) as mgr:
+        saved = {step: mgr.load(step)["hf_config"] for step in mgr.steps()}
+    assert sorted(saved) == [4, 8, 12, 16]
+    assert saved[4].get("task_specific_params") is None and "scale" not in saved[8]
+    assert saved[8]["task_specific_params"] == {"x": {"y": 1}}
+    assert saved[12]["task_specific_params"] == {"x": {"y": 2}} and list(saved[12]["scale"]) == [1.0, 2.0]
+    assert list(saved[16]["scale"]) == [3.0, 2.0]

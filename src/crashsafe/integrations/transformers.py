@@ -12,6 +12,7 @@ crashsafe policy (and SIGTERM) decides when to save instead of ``save_steps``.
 
 from __future__ import annotations
 
+import copy
 import os
 import tempfile
 from collections.abc import Mapping
@@ -58,6 +59,7 @@ class CrashsafeTrainerMixin:
         self.checkpoints = CheckpointManager(directory, **options)
         self._resuming: dict[str, Any] | None = None
         self._saved_step: int | None = None
+        self._config = _ConfigDict()
         if "policy" in options or options.get("save_on_sigterm"):
             hf.add_callback(_PolicySaves(self.checkpoints))
 
@@ -117,7 +119,7 @@ class CrashsafeTrainerMixin:
             "scheduler": hf.lr_scheduler,
             "rng": RNGState(),
             "trainer_state": hf.state,
-            "hf_config": unwrapped.config.to_dict(),
+            "hf_config": self._config.of(unwrapped.config),
         }
         scaler = getattr(hf.accelerator, "scaler", None)
         if scaler is not None:
@@ -170,6 +172,26 @@ class CrashsafeTrainerMixin:
 
 class CrashsafeTrainer(CrashsafeTrainerMixin, Trainer):
     """``transformers.Trainer`` with crashsafe checkpoints (see :class:`CrashsafeTrainerMixin`)."""
+
+
+class _ConfigDict:
+    """``config.to_dict()``, taken again only when the config changed since the last save: HF's
+    ``to_dict`` deep-copies the whole config, a comparison with a deep copy of the last one seen
+    costs a tenth of that (and the saves of a run rarely see a change)."""
+
+    def __init__(self) -> None:
+        self._seen: tuple[type, dict[str, Any]] | None = None
+        self._dict: dict[str, Any] = {}
+
+    def of(self, config: Any) -> dict[str, Any]:
+        try:
+            same = self._seen is not None and self._seen == (type(config), config.__dict__)
+        except Exception:  # a value whose == is not a bool (an array): compare no more
+            same = False
+        if not same:
+            self._dict = config.to_dict()
+            self._seen = (type(config), copy.deepcopy(config.__dict__))
+        return self._dict
 
 
 def _restore(loaded: dict[str, Any], live: dict[str, Any]) -> None:
