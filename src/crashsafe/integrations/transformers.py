@@ -176,8 +176,8 @@ class CrashsafeTrainer(CrashsafeTrainerMixin, Trainer):
 
 class _ConfigDict:
     """``config.to_dict()``, taken again only when the config changed since the last save: HF's
-    ``to_dict`` deep-copies the whole config, a comparison with a deep copy of the last one seen
-    costs a tenth of that (and the saves of a run rarely see a change)."""
+    ``to_dict`` deep-copies the whole config (35 us for GPT-2's), comparing it with a deep copy of
+    the last one seen takes 1 us (and the saves of a run rarely see a change)."""
 
     def __init__(self) -> None:
         self._seen: tuple[type, dict[str, Any]] | None = None
