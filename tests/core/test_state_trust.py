@@ -141,16 +141,19 @@ def test_ints_beyond_what_python_reads_back_are_refused(tmp_path: Path) -> None:
         assert mgr.steps() == [1]
 
 
-def test_a_tree_the_reader_would_refuse_is_refused_at_save(tmp_path: Path) -> None:
-    """Two distinct keys that save as the same plain str: the reader's validator decides at save."""
+@pytest.mark.parametrize("async_save", SAVE_MODES)
+def test_a_tree_the_reader_would_refuse_is_refused_at_save(tmp_path: Path, async_save: bool) -> None:
+    """Two distinct keys that save as the same plain str: the reader's validator decides at save,
+    before anything is written."""
 
     class Key(str):
         __hash__ = object.__hash__  # distinct dict keys that compare equal to "a"
 
-    with cs.CheckpointManager(tmp_path) as mgr:
+    with cs.CheckpointManager(tmp_path, async_save=async_save) as mgr:
         with pytest.raises(cs.UnsupportedStateError, match="cannot read back.*duplicate keys"):
             mgr.save(1, {"d": {Key("a"): 1, "a": 2}})
         assert mgr.steps() == []
+    assert [p.name for p in tmp_path.iterdir()] == [".lock"]
 
 
 @pytest.mark.parametrize("async_save", SAVE_MODES)
