@@ -3,12 +3,14 @@ process for real. Any layer may mark its points here; nothing here imports crash
 
 A test child process calls :func:`arm` (or sets ``CRASHSAFE_KILL_AT=<point>`` in its environment)
 and SIGKILLs itself when it reaches that point (``<point>:<n>``: the n-th time it gets there, to
-aim at one deletion among many). Unarmed (always, outside tests) this costs one string
-comparison.
+aim at one deletion among many). ``arm(point, fail=True)`` (or ``CRASHSAFE_FAIL_AT``) raises the
+I/O error a failing disk or network would give there instead, every time. Unarmed (always,
+outside tests) this costs two string comparisons.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 
@@ -31,20 +33,27 @@ OBJECT_COMMIT_POINTS = ("mid_upload", "after_upload_data", "after_put_manifest",
 _KILL_AT, _, _NTH = (os.environ.get("CRASHSAFE_KILL_AT") or "").partition(":")
 _LEFT = int(_NTH or 1)  # arrivals at _KILL_AT before the one that dies
 SHELF_ARMED = _KILL_AT.startswith("shelf_")  # the shelf's hot paths test this, not reached()
+_FAIL_AT = os.environ.get("CRASHSAFE_FAIL_AT") or ""
 
 
-def arm(point: str | None, nth: int = 1) -> None:
-    """Make this process SIGKILL itself the ``nth`` time it reaches ``point`` (None disarms)."""
-    global _KILL_AT, _LEFT
+def arm(point: str | None, nth: int = 1, *, fail: bool = False) -> None:
+    """Make this process SIGKILL itself the ``nth`` time it reaches ``point`` (None disarms), or
+    with ``fail`` raise an OSError each time it does."""
+    global _KILL_AT, _LEFT, _FAIL_AT
     known = COMMIT_POINTS + OBJECT_COMMIT_POINTS
     if point is not None and point not in known:
         raise ValueError(f"unknown commit point {point!r}; known: {', '.join(known)}")
-    _KILL_AT, _LEFT = point or "", nth
+    if fail:
+        _FAIL_AT = point or ""
+    else:
+        _KILL_AT, _LEFT = point or "", nth
 
 
 def reached(point: str) -> None:
-    """Mark that the protocol reached ``point``; die here if a test asked for it."""
+    """Mark that the protocol reached ``point``; die (or fail) here if a test asked for it."""
     global _LEFT
+    if point == _FAIL_AT:
+        raise OSError(errno.EIO, f"I/O error injected at {point}")
     if point == _KILL_AT:
         _LEFT -= 1
         if _LEFT == 0:

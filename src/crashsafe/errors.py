@@ -18,6 +18,7 @@ __all__ = [
     "LockedError",
     "MirrorWarning",
     "NoCheckpointError",
+    "RetentionWarning",
     "SaveFailedError",
     "StorageError",
     "UnsupportedStateError",
@@ -59,6 +60,11 @@ class CorruptCheckpointWarning(CrashsafeWarning):
 class MirrorWarning(CrashsafeWarning):
     """The mirror (second tier) could not be written or listed for now; the local tier is used and
     the copy is retried."""
+
+
+class RetentionWarning(CrashsafeWarning):
+    """A step was committed, but retention could not delete older steps for now; they stay until a
+    later retention (after the next save, or ``crashsafe gc``) deletes them."""
 
 
 class StorageError(CrashsafeError, OSError):

@@ -33,6 +33,7 @@ from crashsafe.errors import (
     CorruptCheckpointWarning,
     CrashsafeError,
     NoCheckpointError,
+    RetentionWarning,
     SaveFailedError,
     UnsupportedStateError,
 )
@@ -302,9 +303,12 @@ class CheckpointManager:
             assert self._collective is not None
             manifest = save_collective(
                 self._collective.replicas, store, self._planner, step, planned, tree, leaves, arrays,
-                metrics, info, self._retain, functools.partial(self._replace_damaged, store),
+                metrics, info, functools.partial(self._replace_damaged, store),
             )  # fmt: skip
-            persisted = time.perf_counter() - begin  # committed for every rank; rank 0 applied retention
+            persisted = time.perf_counter() - begin  # committed, and every rank heard it
+            self._committed(manifest)
+            if self._collective.leader:
+                self._retain_after(store, step)
         else:
             listed = store.steps()  # the delta bases, listed off the training thread
             bases = frozenset(listed) - {step}
@@ -314,24 +318,23 @@ class CheckpointManager:
             if self._mirror is not None:
                 self._mirror.add(step)
             persisted = time.perf_counter() - begin  # durable and committed; retention comes after
-            self._apply_retention(store, step)
+            self._retain_after(store, step)
         return SaveStats(step, stall, persisted, manifest.raw_nbytes, manifest.stored_nbytes)
 
-    def _retain(self, manifest: Manifest) -> None:
-        """Rank 0, once a distributed step committed: retention, as for one process."""
-        assert self._store is not None
-        self._committed(manifest)
-        self._apply_retention(self._store, manifest.step)
+    def _retain_after(self, store: Store, saved: int | None) -> None:
+        """Retention once ``saved`` is committed (one process, or rank 0 once every rank heard it).
+        A deletion that fails is garbage left for later, never a failed save: a RetentionWarning."""
+        try:
+            self._apply_retention(store, saved)
+        except CrashsafeError as exc:
+            done = f"step {saved} is committed, but " if saved is not None else ""
+            failed = f"{done}deleting old steps failed: {exc}. Retention tries again after the next save"
+            warnings.warn(f"{failed} (or run `crashsafe gc`)", RetentionWarning, stacklevel=2)
 
     def _committed(self, manifest: Manifest) -> None:
         """Cache a committed step's delta bases and facts from its manifest (a re-saved step's anew)."""
         self._bases[manifest.step] = direct_bases(manifest)
         self._facts[manifest.step] = StepFacts(manifest.created, manifest.metrics)
-
-    def _forget(self, steps: Sequence[int]) -> None:
-        for step in steps:
-            self._bases.pop(step, None)
-            self._facts.pop(step, None)
 
     def _apply_retention(self, store: Store, saved: int | None) -> list[int]:
         """Delete what the retention policy drops, except steps a kept step's delta chain needs and
@@ -346,7 +349,9 @@ class CheckpointManager:
 
     def _delete(self, store: Store, steps: list[int]) -> None:
         delete_steps(store, steps)  # dependants before their bases
-        self._forget(steps)
+        for step in steps:  # and their cached facts
+            self._bases.pop(step, None)
+            self._facts.pop(step, None)
 
     def delete(self, steps: Sequence[int]) -> None:
         """Delete committed ``steps`` crash-safely (each is renamed out of view, then removed);
@@ -460,8 +465,7 @@ class CheckpointManager:
 
     def latest_step(self) -> int | None:
         """The newest committed step, or None."""
-        steps = self.steps()
-        return steps[-1] if steps else None
+        return max(self.steps(), default=None)
 
     def best_step(self, metric: str, mode: Mode = "min") -> int | None:
         """The committed step with the best ``metric`` (``"min"``: lowest, ``"max"``: highest; ties: the
@@ -573,8 +577,7 @@ class CheckpointManager:
                 self._mirror.close()  # the last steps reach the mirror before the job ends
                 self._mirror.report()
                 if self._store is not None:
-                    with contextlib.suppress(CrashsafeError):
-                        self._apply_retention(self._store, None)  # what is mirrored may go locally
+                    self._retain_after(self._store, None)  # what is mirrored may go locally
             if self._pool is not None:
                 self._pool.clear()
             if self._lock is not None:
@@ -589,11 +592,8 @@ class CheckpointManager:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if exc is None:
-            self.close()
-        else:
-            with contextlib.suppress(Exception):
-                self.close()
+        with contextlib.suppress(Exception) if exc is not None else contextlib.nullcontext():
+            self.close()  # an error closing never hides the one that ended the block
 
     def __repr__(self) -> str:
         return f"CheckpointManager({str(self.directory)!r}, steps={self.steps()})"

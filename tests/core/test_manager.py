@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import crashsafe as cs
+import crashsafe._faults as faults
 from crashsafe.storage.layout import committed_steps, step_dir
 
 
@@ -69,6 +70,30 @@ def test_a_step_made_behind_the_writers_back_is_never_overwritten(tmp_path: Path
     reader = cs.CheckpointManager(ckpt, read_only=True)
     assert reader.steps() == [1, 2, 5] and cs.verify(ckpt).ok
     assert [reader.load(step)["w"][0] for step in (1, 2, 5)] == [11.0, 2.0, 55.0]
+
+
+@pytest.mark.parametrize("async_save", [True, False])
+def test_a_deletion_failing_after_a_save_warns_and_the_save_stands(tmp_path: Path, async_save: bool) -> None:
+    """Retention after a commit meets an I/O error (injected where deleting a file would fail): the
+    save is not failed, for its step is committed; a RetentionWarning says so, and the next
+    retention deletes what is left to delete."""
+    with cs.CheckpointManager(tmp_path, keep_last=1, async_save=async_save) as mgr:
+        mgr.save(1, _state(1))
+        mgr.wait()
+        faults.arm("mid_delete", fail=True)
+        try:
+            with pytest.warns(cs.RetentionWarning, match="step 2 is committed, but deleting old steps"):
+                mgr.save(2, _state(2))
+                mgr.wait()
+        finally:
+            faults.arm(None, fail=True)
+        assert mgr.steps() == [2] and mgr.load()["w"][0] == 2.0
+        mgr.save(3, _state(3))
+        mgr.wait()
+        assert mgr.steps() == [3]
+    cs.CheckpointManager(tmp_path).close()  # the next writer removes what the failed deletion left
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", "step_000000000003"]
+    assert cs.verify(tmp_path).ok
 
 
 def test_saving_a_damaged_committed_step_again_replaces_it(tmp_path: Path) -> None:

@@ -194,6 +194,20 @@ def test_resharding_4_to_2_to_1_to_4_is_bit_identical(tmp_path: Path, launch: An
     assert cs.CheckpointManager(tmp_path / "one", read_only=True).manifest().world == 1
 
 
+def test_a_deletion_failing_on_rank_0_after_a_commit_fails_no_rank(tmp_path: Path, launch: Any) -> None:
+    """Rank 0 applies retention once every rank heard the step committed: its deletions failing
+    (an I/O error injected where a file is deleted) warn on rank 0 and fail no rank's save."""
+    location = tmp_path / "ckpt"
+    ranks = launch("retention.py", 2, location, env_of={0: {"CRASHSAFE_FAIL_AT": "mid_delete"}})
+    reports = [json.loads(proc.stdout.read()) for proc, _ in ranks.procs if proc.stdout is not None]
+    assert ranks.wait() == [0, 0]
+    seen = {"after_1": [1], "after_2": [2], "after_3": [3], "after_4": [4]}  # each failed one left view
+    assert reports == [{**seen, "warned": 2}, {**seen, "warned": 0}]
+    cs.CheckpointManager(location).close()  # the next writer removes what the failed deletions left
+    assert sorted(p.name for p in location.iterdir()) == [".lock", "step_000000000004"]
+    assert cs.verify(location).ok
+
+
 @pytest.mark.parametrize("where", ["dir", "s3"])
 def test_delete_gc_and_restore_are_collective(where: str, tmp_path: Path, launch: Any, request: Any) -> None:
     """Rank 0 deletes for every rank (no two ranks race on one step), a refusal reaches every rank,

@@ -17,7 +17,11 @@ import pytest
 import s3fs
 
 import crashsafe as cs
+from crashsafe.codecs.registry import get_codec
+from crashsafe.format.manifest import Manifest, PayloadEntry
+from crashsafe.state.tree import flatten
 from crashsafe.storage.objectstore import FsspecStore
+from crashsafe.storage.stores import open_store
 from crashsafe.storage.writer import StepWriter
 
 from .faultproxy import FaultProxy
@@ -92,6 +96,30 @@ def test_readers_see_only_committed_steps_and_leftovers_are_cleaned(
         writer.save(1, _state(9))
     fs.invalidate_cache()
     assert not any("step_000000000002" in key for key in fs.find(f"{bucket}/run"))
+
+
+@pytest.mark.parametrize("where", ["dir", "s3"])
+def test_a_writer_aborted_after_its_commit_leaves_the_step_whole(
+    where: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """What a distributed leader does when an error follows its commit (a rank lost while the
+    outcome goes out): abort. The committed step stays whole; an object store once deleted its data."""
+    url, options = str(tmp_path / "run"), {}
+    if where == "s3":
+        url, options = f"s3://{request.getfixturevalue('bucket')}/run", request.getfixturevalue("options")
+    store = open_store(url, storage_options=options or None, create=True)
+    array = np.arange(1000, dtype=np.float64)
+    tree, _ = flatten({"w": array})
+    writer = StepWriter(store, 1)
+    put = writer.write_payload(array.data)
+    config = get_codec("raw").get_config()
+    entry = PayloadEntry("w", "numpy", "float64", (1000,), put.file, put.offset, put.nbytes, put.xxh3, config)
+    writer.commit(Manifest(1, time.time(), tree, (entry,), writer.files(), {}, {}))
+    writer.abort()
+    store.close()
+    assert cs.verify(url, storage_options=options).ok
+    reader = cs.CheckpointManager(url, storage_options=options, read_only=True)
+    assert np.array_equal(reader.load(1)["w"], array)
 
 
 def test_two_writers_racing_on_one_step_commit_exactly_once(bucket: str, options: dict[str, Any]) -> None:

@@ -16,13 +16,16 @@ Then in each rank's background persist thread (:func:`save_step`):
    caught when it is read);
 3. every rank's payload entries, tree and file sizes go to rank 0, which writes the global manifest
    (per-rank trees pointing at the payloads they use) and commits it with the store's protocol
-   (rename, or manifest last), then applies retention;
-4. rank 0's outcome goes to every rank: all ranks see the step committed, or all see the error.
+   (rename, or manifest last);
+4. rank 0's outcome goes to every rank: all ranks see the step committed, or all see the error;
+5. then rank 0 applies retention (the manager's): a deletion that fails is garbage left for later,
+   never an error that would tell the ranks a committed step failed.
 
 A rank that dies at any point makes the others fail at the next exchange with CoordinationError
 (within the coordination timeout), and no step is committed: the temporary place is a leftover
 that the next writer removes. Only the leader deletes a failed attempt's files: a rank that timed
-out waiting must not delete its part while a slow leader may still be committing it.
+out waiting must not delete its part while a slow leader may still be committing it. And no writer
+deletes after its commit: a rank lost while the outcome goes out leaves the committed step intact.
 """
 
 from __future__ import annotations
@@ -188,7 +191,6 @@ def save_step(
     arrays: list[np.ndarray[Any, Any]],
     metrics: dict[str, Any],
     info: dict[str, Any],
-    retain: Callable[[Manifest], None],
     existing: Callable[[int], None],
 ) -> Manifest:
     """Save this rank's part of ``step`` and commit the whole with the other ranks; return the
@@ -219,7 +221,6 @@ def save_step(
         assert writer is not None
         manifest = _global_manifest(step, reports, planned.plan.writer, metrics, info)
         writer.commit(manifest)
-        retain(manifest)
         return manifest
 
     try:

@@ -53,6 +53,7 @@ class StepWriter:
         self.step = step
         self._draft = store.begin(step, attempt=attempt, part=part)
         self._first = True
+        self._committed = False
 
     def write_payload(
         self, data: BytesLike, hashed: str | Chunks | None = None, chunk: int | None = None
@@ -95,6 +96,7 @@ class StepWriter:
                 "Committed checkpoints are intact"
             ) from None
         self._draft.commit(body)
+        self._committed = True
 
     def persist(self) -> None:
         """Make this writer's part durable without committing it (a rank of a distributed step)."""
@@ -105,8 +107,10 @@ class StepWriter:
         self._draft.close()
 
     def abort(self) -> None:
-        """Drop the step (best effort: a leftover is invisible and cleaned later)."""
-        self._draft.abort()
+        """Drop the step (best effort: a leftover is invisible and cleaned later); once committed,
+        nothing: an error after the commit (a rank that never heard the outcome) leaves the step."""
+        if not self._committed:
+            self._draft.abort()
 
 
 def delete_steps(store: Store, steps: Iterable[int]) -> None:
