@@ -6,7 +6,9 @@ Modes, chosen per connection when it is accepted:
 - ``503``: the first request on the connection is read and answered ``503 Service Unavailable``,
   then the connection is closed (what an overloaded S3 front end does);
 - ``drop``: the connection is reset at once (a dead node, a network partition);
-- ``delay``: like ``pass`` after ``delay`` seconds (a slow network).
+- ``delay``: like ``pass`` after ``delay`` seconds (a slow network);
+- ``lose``: the next answer the server sends, on any connection, never reaches the client: its
+  connection is reset instead (the request was carried out; the client cannot know). Then ``pass``.
 
 ``fault(mode, seconds)`` switches to ``mode`` for a while, then back to ``pass``.
 """
@@ -14,10 +16,13 @@ Modes, chosen per connection when it is accepted:
 from __future__ import annotations
 
 import contextlib
+import re
 import socket
 import struct
 import threading
 import time
+
+_STATUS = re.compile(rb"HTTP/1\.[01] (\d{3}) ")
 
 
 class FaultProxy:
@@ -29,7 +34,7 @@ class FaultProxy:
         self._listener = socket.create_server(("127.0.0.1", 0))
         self._listener.settimeout(0.1)  # accept() wakes up to see close()
         self.port: int = self._listener.getsockname()[1]
-        self.counts: dict[str, int] = {"pass": 0, "503": 0, "drop": 0, "delay": 0}
+        self.counts: dict[str, int] = {"pass": 0, "503": 0, "drop": 0, "delay": 0, "lose": 0}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
@@ -59,6 +64,8 @@ class FaultProxy:
                 return
             client.settimeout(None)
             mode = self.mode()
+            if mode == "lose":
+                mode = "pass"  # answers are lost as they come back, whichever connection carries them
             self.counts[mode] += 1
             threading.Thread(target=self._handle, args=(client, mode), daemon=True).start()
 
@@ -83,10 +90,26 @@ class FaultProxy:
             except OSError:
                 return
             with contextlib.closing(upstream):
-                back = threading.Thread(target=_pipe, args=(upstream, client), daemon=True)
+                back = threading.Thread(target=self._answer, args=(upstream, client), daemon=True)
                 back.start()
                 _pipe(client, upstream)
                 back.join(timeout=30)
+
+
+    def _answer(self, upstream: socket.socket, client: socket.socket) -> None:
+        """The server's answers to the client, unless one is to be lost (``lose``)."""
+        with contextlib.suppress(OSError):
+            while chunk := upstream.recv(1 << 16):
+                final = any(not code.startswith(b"1") for code in _STATUS.findall(chunk))  # not a 100
+                if final and self.mode() == "lose":
+                    self._mode = "pass"
+                    self.counts["lose"] += 1
+                    client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    client.shutdown(socket.SHUT_RDWR)  # reset: the answer never arrives
+                    return
+                client.sendall(chunk)
+        with contextlib.suppress(OSError):
+            client.shutdown(socket.SHUT_WR)
 
 
 def _read_request(sock: socket.socket) -> None:

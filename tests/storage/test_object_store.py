@@ -17,6 +17,7 @@ import pytest
 import s3fs
 
 import crashsafe as cs
+import crashsafe._faults as faults
 from crashsafe.codecs.registry import get_codec
 from crashsafe.format.manifest import Manifest, PayloadEntry
 from crashsafe.state.tree import flatten
@@ -278,3 +279,30 @@ def test_a_lasting_outage_fails_clearly_and_commits_nothing(
     mgr.close()
     reader = cs.CheckpointManager(url, storage_options=options, read_only=True)
     assert reader.steps() == [1] and cs.verify(url, storage_options=options).ok
+
+
+def test_a_commit_whose_answer_was_lost_stands_whole(
+    bucket: str, options: dict[str, Any], proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The manifest's upload reaches the store but its answer is lost (a reset connection): the
+    retry finds the manifest already there. It is this writer's own, so the step is committed and
+    its data stay (the writer once took it for another writer's and deleted its own data files)."""
+    url = f"s3://{bucket}/run"
+    reached = faults.reached
+
+    def lose_the_manifests_answer(point: str) -> None:
+        if point == "after_upload_data":  # the data are up; the manifest's upload comes next
+            proxy.fault("lose", seconds=30)
+        reached(point)
+
+    with cs.CheckpointManager(url, storage_options=_through(proxy, options), async_save=False) as mgr:
+        mgr.save(1, _state(1))
+        monkeypatch.setattr(faults, "reached", lose_the_manifests_answer)
+        mgr.save(2, _state(2))
+        monkeypatch.setattr(faults, "reached", reached)
+        assert proxy.counts["lose"] == 1  # the fault really hit the manifest's answer
+        mgr.save(3, _state(3))
+    assert cs.verify(url, storage_options=options).ok
+    reader = cs.CheckpointManager(url, storage_options=options, read_only=True)
+    assert reader.steps() == [1, 2, 3]
+    _is(reader.load(2), 2)

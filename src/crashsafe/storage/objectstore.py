@@ -473,14 +473,40 @@ class _ObjectDraft(Draft):
         faults.reached("after_upload_data")
 
     def commit(self, manifest: bytes) -> None:
+        """Upload the manifest last. An upload that failed may still have been carried out (its
+        answer lost): the data files are deleted only once the manifest there is known not to be
+        this one, and the commit stands if it is."""
         self.persist()
         try:
             self._put_manifest(manifest)
+        except Exception as exc:
+            mine = self._holds(manifest)
+            if mine is False:
+                self.abort()
+                raise
+            if mine is None:  # the files stay until a writer's cleanup finds no manifest naming them
+                self._pool.shutdown(wait=True)
+                raise StorageError(
+                    f"committing step {self.step} in {self._store.location} failed ({exc}), and the store "
+                    "cannot say now whether the manifest arrived; `crashsafe verify` will tell once it "
+                    "answers. Committed checkpoints are intact"
+                ) from exc
         except BaseException:
-            self.abort()
+            self._pool.shutdown(wait=True)  # interrupted: the files stay until a writer cleans up
             raise
         self._pool.shutdown()
         faults.reached("after_put_manifest")
+
+    def _holds(self, manifest: bytes) -> bool | None:
+        """Whether the step's manifest in the store is ``manifest`` (None: the store cannot say)."""
+        path = self._store.path(self._name, MANIFEST_NAME)
+        try:
+            stored = self._store._call(lambda: self._store.fs.cat_file(path), f"reading {path}")
+        except FileNotFoundError:
+            return False
+        except Exception:
+            return None
+        return bool(stored == manifest)
 
     def _put_manifest(self, manifest: bytes) -> None:
         path = self._store.path(self._name, MANIFEST_NAME)
