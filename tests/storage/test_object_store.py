@@ -160,6 +160,41 @@ def test_a_second_writer_is_refused_while_the_lease_is_renewed(bucket: str, opti
     FsspecStore(url, options).lock().release()  # released: free at once
 
 
+def test_a_lease_renewal_whose_answer_was_lost_keeps_the_lease(
+    bucket: str, options: dict[str, Any], proxy: FaultProxy
+) -> None:
+    """A renewal goes through but its answer is lost; the retry's compare-and-swap then fails
+    against the very lease it wrote. The writer checks whose lease it is: still its own, so it
+    writes on (it once took it for another writer's and stopped)."""
+    url = f"s3://{bucket}/run"
+    lease = FsspecStore(url, _through(proxy, options), lease_seconds=1.5).lock()
+    try:
+        proxy.fault("lose", seconds=30)  # the next answer is the first renewal's (after 0.5 s)
+        time.sleep(2.0)  # that renewal, and the next ones
+        assert proxy.counts["lose"] == 1
+        lease.check()  # not lost
+        with pytest.raises(cs.LockedError, match="keeps renewing its lease"):
+            FsspecStore(url, options, lease_seconds=1.5).lock()
+    finally:
+        lease.release()
+
+
+def test_a_lease_taken_whose_answer_was_lost_is_taken_at_once(
+    bucket: str, options: dict[str, Any], proxy: FaultProxy
+) -> None:
+    """Creating the lease goes through but its answer is lost: the retry finds a lease, its own,
+    and takes it at once instead of watching it for a lease's length as another writer's."""
+    url = f"s3://{bucket}/run"
+    proxy.fault("lose", seconds=30)
+    started = time.monotonic()
+    lease = FsspecStore(url, _through(proxy, options), lease_seconds=6.0).lock()
+    try:
+        assert proxy.counts["lose"] == 1 and time.monotonic() - started < 3
+        lease.check()
+    finally:
+        lease.release()
+
+
 def test_an_expired_lease_of_another_host_is_taken_over(bucket: str, options: dict[str, Any]) -> None:
     url = f"s3://{bucket}/run"
     fs = s3fs.S3FileSystem(**options)

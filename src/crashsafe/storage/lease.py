@@ -78,6 +78,8 @@ class Lease(Lock):
         except FileExistsError:
             pass
         body, tag = self._read()
+        if body is not None and body.get("holder") == self.holder:
+            return tag  # ours: the creation went through, its answer was lost, and the retry met it
         left = _remaining(body)
         if left > 0 and not _dead_here(body):
             time.sleep(min(left, self._seconds) + 0.5)  # a live holder renews before it expires
@@ -107,7 +109,9 @@ class Lease(Lock):
                 )
             except StorageError as exc:
                 if "pre-condition" in str(exc) or "Precondition" in str(exc):
-                    return False
+                    # the lease changed; to ours if this very write went through and only its answer
+                    # was lost (the retry then compared with the tag it had replaced)
+                    return self._read()[0] == json.loads(body)
                 raise
             return True
         if self._read()[1] != tag:
