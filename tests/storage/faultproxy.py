@@ -8,7 +8,7 @@ Modes, chosen per connection when it is accepted:
 - ``drop``: the connection is reset at once (a dead node, a network partition);
 - ``delay``: like ``pass`` after ``delay`` seconds (a slow network);
 - ``lose``: the next answer the server sends, on any connection, never reaches the client: its
-  connection is reset instead (the request was carried out; the client cannot know). Then ``pass``.
+  connection ends instead (the request was carried out; the client cannot know). Then ``pass``.
 
 ``fault(mode, seconds)`` switches to ``mode`` for a while, then back to ``pass``.
 """
@@ -95,7 +95,6 @@ class FaultProxy:
                 _pipe(client, upstream)
                 back.join(timeout=30)
 
-
     def _answer(self, upstream: socket.socket, client: socket.socket) -> None:
         """The server's answers to the client, unless one is to be lost (``lose``)."""
         with contextlib.suppress(OSError):
@@ -105,7 +104,7 @@ class FaultProxy:
                     self._mode = "pass"
                     self.counts["lose"] += 1
                     client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                    client.shutdown(socket.SHUT_RDWR)  # reset: the answer never arrives
+                    client.shutdown(socket.SHUT_RDWR)  # the connection ends; the answer never arrives
                     return
                 client.sendall(chunk)
         with contextlib.suppress(OSError):
