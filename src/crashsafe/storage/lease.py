@@ -111,7 +111,7 @@ class Lease(Lock):
                 if "pre-condition" in str(exc) or "Precondition" in str(exc):
                     # the lease changed; to ours if this very write went through and only its answer
                     # was lost (the retry then compared with the tag it had replaced)
-                    return self._read()[0] == json.loads(body)
+                    return bool(self._read()[0] == json.loads(body))
                 raise
             return True
         if self._read()[1] != tag:
