@@ -4,8 +4,10 @@ resume after real SIGKILLs (bit-identical), and what Lightning's own readers say
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
+import threading
 import warnings
 from pathlib import Path
 from typing import Any
@@ -113,6 +115,30 @@ def test_lightning_readers_say_what_to_call(tmp_path: Path) -> None:
     fresh.load_state_dict(load_file(out), strict=True)
     loaded = fresh.state_dict()
     assert all(torch.equal(loaded[k], v) for k, v in module.state_dict().items())
+
+
+def test_fifos_where_checkpoints_go_never_hang_a_save_or_a_load(tmp_path: Path) -> None:
+    """Hostile entries at Lightning's paths: FIFOs at ``last.ckpt`` and at its pointer's temporary
+    name (opening one waits for a writer forever). The save replaces them, as Lightning's own
+    writer replaces a file there; ``load_checkpoint`` refuses a FIFO by name."""
+    fifos = [tmp_path / "last.ckpt", tmp_path / ".last.ckpt.crashsafe-tmp", tmp_path / "other.ckpt"]
+    for fifo in fifos:
+        os.mkfifo(fifo)
+    checkpoint = ModelCheckpoint(
+        dirpath=tmp_path, save_last=True, every_n_train_steps=2, enable_version_counter=False
+    )  # (with a version counter Lightning would save beside the FIFO, as last-v1.ckpt)
+    fit = threading.Thread(target=_fit, args=(tmp_path, 4, checkpoint), daemon=True)
+    fit.start()
+    fit.join(timeout=120)
+    if fit.is_alive():  # stuck opening a FIFO: a writer end lets it go on, and the test fails
+        for fifo in fifos:
+            with contextlib.suppress(OSError):
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        pytest.fail("a save waited on a FIFO")
+    assert (tmp_path / "last.ckpt").is_file()
+    assert cs_lightning.load_checkpoint(tmp_path / "last.ckpt")["global_step"] == 4
+    with pytest.raises(cs.CrashsafeError, match="other.ckpt is not a checkpoint file"):
+        cs_lightning.load_checkpoint(tmp_path / "other.ckpt")
 
 
 def test_a_value_that_cannot_be_stored_is_refused_at_the_first_save_naming_its_path(tmp_path: Path) -> None:

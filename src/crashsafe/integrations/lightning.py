@@ -269,6 +269,8 @@ class CrashsafeCheckpointIO(CheckpointIO):
         ``torch.save`` file is loaded as Lightning would."""
         self._settle()
         real = Path(os.path.realpath(_local_path(path)))  # save_last="link" makes last.ckpt a link
+        if real.exists() and not real.is_file():
+            raise CrashsafeError(f"{path} is not a checkpoint file (a directory, a FIFO or a device)")
         if not is_pointer(real):
             loaded: dict[str, Any] = TorchCheckpointIO().load_checkpoint(path, map_location, weights_only)
             return loaded

@@ -11,8 +11,10 @@ named by that sentence. Nothing of the file runs, and crashsafe reads the last l
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import stat
 from pathlib import Path
 
 from crashsafe.errors import CrashsafeError
@@ -34,7 +36,9 @@ def write_pointer(path: Path, name: str) -> None:
     """Atomically (write, fsync, rename, fsync the directory) make ``path`` point at ``name``."""
     body = _HEAD + f"{MESSAGE}\n".encode() + json.dumps({"crashsafe": STORE, "name": name}).encode() + b"\n"
     tmp = path.with_name(f".{path.name}.crashsafe-tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)  # what a killed save left at this name (a FIFO there would block an open)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     try:
         os.write(fd, body)
         os.fsync(fd)
@@ -55,17 +59,15 @@ def remove_pointer(path: Path) -> None:
 
 def is_pointer(path: Path) -> bool:
     """True if ``path`` (or the file a link there points to) is a crashsafe pointer file."""
-    try:
-        with open(path, "rb") as f:
-            return f.read(len(_HEAD)) == _HEAD
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-        return False
+    data = _read_regular(path, len(_HEAD))
+    return data is not None and data == _HEAD
 
 
 def pointed_name(path: Path) -> str:
     """The checkpoint name a pointer file at ``path`` stands for."""
-    with open(path, "rb") as f:
-        data = f.read(_MAX_BYTES)
+    data = _read_regular(path, _MAX_BYTES)
+    if data is None:
+        raise CrashsafeError(f"{path} is not a crashsafe pointer file (nothing there, or not a file)")
     try:
         record = json.loads(data.rstrip(b"\n").rsplit(b"\n", 1)[-1])
     except ValueError:
@@ -79,6 +81,21 @@ def pointed_name(path: Path) -> str:
         )
     name: str = record["name"]
     return name
+
+
+def _read_regular(path: Path, limit: int) -> bytes | None:
+    """Up to ``limit`` bytes of the regular file at ``path`` (links followed); None if there is none
+    there. A FIFO or a device is never read (an open of a FIFO would wait for a writer)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        raise CrashsafeError(f"{path} cannot be read ({exc.strerror}); check its permissions") from None
+    try:
+        return os.read(fd, limit) if stat.S_ISREG(os.fstat(fd).st_mode) else None
+    finally:
+        os.close(fd)
 
 
 def _fsync_dir(directory: Path) -> None:
