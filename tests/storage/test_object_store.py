@@ -341,3 +341,31 @@ def test_a_commit_whose_answer_was_lost_stands_whole(
     reader = cs.CheckpointManager(url, storage_options=options, read_only=True)
     assert reader.steps() == [1, 2, 3]
     _is(reader.load(2), 2)
+
+
+def test_a_commit_the_store_cannot_confirm_keeps_its_data_and_says_so(
+    bucket: str, options: dict[str, Any], proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store goes down just as the manifest is uploaded: the writer cannot learn whether its
+    commit arrived, so it deletes nothing (the shards would be that commit's data) and says so;
+    the next writer removes the shards once it sees no manifest names them."""
+    url = f"s3://{bucket}/run"
+    reached = faults.reached
+
+    def outage_before_the_manifest(point: str) -> None:
+        if point == "after_upload_data":
+            proxy.fault("503")
+        reached(point)
+
+    with cs.CheckpointManager(url, storage_options=_through(proxy, options), async_save=False) as mgr:
+        mgr.save(1, _state(1))
+        monkeypatch.setattr(faults, "reached", outage_before_the_manifest)
+        with pytest.raises(cs.StorageError, match="cannot say now whether the manifest arrived"):
+            mgr.save(2, _state(2))
+        monkeypatch.setattr(faults, "reached", reached)
+        proxy.fault("pass", 0)
+    store = FsspecStore(url, options)
+    assert store.steps() == [1] and any(name.startswith("step_000000000002/") for name in store.leftovers())
+    cs.CheckpointManager(url, storage_options=options).close()  # the next writer cleans up
+    assert FsspecStore(url, options).leftovers() == []
+    _is(cs.CheckpointManager(url, storage_options=options, read_only=True).load(), 1)

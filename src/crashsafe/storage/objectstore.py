@@ -498,10 +498,12 @@ class _ObjectDraft(Draft):
         faults.reached("after_put_manifest")
 
     def _holds(self, manifest: bytes) -> bool | None:
-        """Whether the step's manifest in the store is ``manifest`` (None: the store cannot say)."""
+        """Whether the step's manifest in the store is ``manifest`` (None: the store cannot say).
+        Reads one byte more than ``manifest`` at most: whatever stands there, memory stays bounded."""
         path = self._store.path(self._name, MANIFEST_NAME)
+        fs, end = self._store.fs, len(manifest) + 1
         try:
-            stored = self._store._call(lambda: self._store.fs.cat_file(path), f"reading {path}")
+            stored = self._store._call(lambda: fs.cat_file(path, start=0, end=end), f"reading {path}")
         except FileNotFoundError:
             return False
         except Exception:
