@@ -10,7 +10,8 @@ Modes, chosen per connection when it is accepted:
 - ``lose``: the next answer the server sends, on any connection, never reaches the client: its
   connection ends instead (the request was carried out; the client cannot know). Then ``pass``.
 
-``fault(mode, seconds)`` switches to ``mode`` for a while, then back to ``pass``.
+``fault(mode, seconds)`` switches to ``mode`` for a while, then back to ``pass``. ``answered`` counts
+the bytes of the server's answers that reached clients.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ class FaultProxy:
         self._listener.settimeout(0.1)  # accept() wakes up to see close()
         self.port: int = self._listener.getsockname()[1]
         self.counts: dict[str, int] = {"pass": 0, "503": 0, "drop": 0, "delay": 0, "lose": 0}
+        self.answered = 0
+        self._counting = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
@@ -107,6 +110,8 @@ class FaultProxy:
                     client.shutdown(socket.SHUT_RDWR)  # the connection ends; the answer never arrives
                     return
                 client.sendall(chunk)
+                with self._counting:
+                    self.answered += len(chunk)
         with contextlib.suppress(OSError):
             client.shutdown(socket.SHUT_WR)
 

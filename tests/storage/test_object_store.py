@@ -195,6 +195,22 @@ def test_a_lease_taken_whose_answer_was_lost_is_taken_at_once(
         lease.release()
 
 
+def test_a_huge_lock_object_is_read_no_further_than_a_lease(
+    bucket: str, options: dict[str, Any], proxy: FaultProxy
+) -> None:
+    """A 32 MiB ``.lock`` is no lease of ours (unreadable, so free to take): the writer takes it
+    after reading a few KiB of it over the wire, never the whole object into memory."""
+    url = f"s3://{bucket}/run"
+    s3fs.S3FileSystem(**options).pipe_file(f"{bucket}/run/.lock", b"x" * (32 << 20))
+    lease = FsspecStore(url, _through(proxy, options), lease_seconds=3.0).lock()
+    try:
+        lease.check()
+        assert proxy.answered < 64 << 10
+    finally:
+        lease.release()
+    assert not s3fs.S3FileSystem(**options).exists(f"{bucket}/run/.lock")  # released: gone
+
+
 def test_an_expired_lease_of_another_host_is_taken_over(bucket: str, options: dict[str, Any]) -> None:
     url = f"s3://{bucket}/run"
     fs = s3fs.S3FileSystem(**options)

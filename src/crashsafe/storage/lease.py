@@ -23,9 +23,12 @@ from typing import Any
 
 from crashsafe.errors import CrashsafeError, LockedError, StorageError
 from crashsafe.storage.base import Lock
+from crashsafe.storage.localdir import UnsafeEntryError
 from crashsafe.storage.retry import with_retries
 
 __all__ = ["Lease"]
+
+_MOST_READ = 4096  # bytes of a lease read: ours are under 100
 
 
 class Lease(Lock):
@@ -39,7 +42,10 @@ class Lease(Lock):
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         self._lost: str | None = None
         self._expires = 0.0
-        self._tag = self._acquire()
+        try:
+            self._tag = self._acquire()
+        except UnsafeEntryError as exc:
+            raise StorageError(f"refusing the writer lease: {exc} (crashsafe recreates it)") from None
         self._stop = threading.Event()
         self._renewer = threading.Thread(target=self._renew_loop, name="crashsafe-lease", daemon=True)
         self._renewer.start()
@@ -52,19 +58,26 @@ class Lease(Lock):
         return json.dumps({"holder": self.holder, "expires": self._expires}).encode()
 
     def _read(self) -> tuple[dict[str, Any] | None, str | None]:
-        """The lease as it is now ({} if unreadable) and its tag; (None, None) if there is none."""
+        """The lease as it is now ({} if unreadable) and its tag; (None, None) if there is none.
+        At most ``_MOST_READ`` bytes are read: a larger ``.lock`` is not a lease of ours (unreadable),
+        however large it is. The tag is read first, so that a lease renewed between the two reads
+        makes a stale tag (whose swap fails), never a stale body under a fresh tag."""
         fs = self._fs
         fs.invalidate_cache(self._path)
         try:
-            data = self._call(lambda: fs.cat_file(self._path), "reading the writer lease")
             info = self._call(lambda: fs.info(self._path), "reading the writer lease")
+            size = int(info.get("size") or 0)
+            end = min(size, _MOST_READ)
+            data = b""
+            if end:
+                data = self._call(lambda: fs.cat_file(self._path, start=0, end=end), "reading the lease")
         except FileNotFoundError:
             return None, None
         try:
-            body = json.loads(data)
+            body = json.loads(data) if size <= _MOST_READ else {}
         except ValueError:
             body = {}
-        tag = str(info.get("ETag") or data.decode("latin-1"))
+        tag = str(info.get("ETag") or f"{size}:{data.decode('latin-1')}")
         return body if isinstance(body, dict) else {}, tag
 
     def _acquire(self) -> str | None:

@@ -18,6 +18,7 @@ and nothing is committed. One writer at a time holds a lease object (:mod:`crash
 from __future__ import annotations
 
 import contextlib
+import os
 import secrets
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -26,6 +27,7 @@ from typing import Any
 
 import fsspec
 import fsspec.asyn
+from fsspec.implementations.local import LocalFileSystem
 
 import crashsafe._faults as faults
 from crashsafe.codecs.base import BytesLike
@@ -35,6 +37,7 @@ from crashsafe.storage.background import IOLoop
 from crashsafe.storage.base import Capabilities, Draft, Lock, Store, StoredFile, StoredStep
 from crashsafe.storage.layout import LOCK_NAME, parse_step_name, step_name
 from crashsafe.storage.lease import Lease
+from crashsafe.storage.localfs import SafeLocalFileSystem
 from crashsafe.storage.retry import with_retries
 
 __all__ = ["FsspecStore"]
@@ -68,6 +71,9 @@ class FsspecStore(Store):
             self.fs, path = fsspec.core.url_to_fs(url, **storage_options)
         except (ImportError, ValueError) as exc:
             raise StorageError(f"cannot open {url}: {exc}. Install the fsspec backend it needs") from None
+        if type(self.fs) is LocalFileSystem:  # file://: never through a link, never a FIFO
+            self.fs = SafeLocalFileSystem(**storage_options)
+            path = os.path.realpath(path)  # the root itself may be a link: the user chose it
         self.root = path.rstrip("/")
         self.location = url
         protocols = {self.fs.protocol} if isinstance(self.fs.protocol, str) else set(self.fs.protocol)
