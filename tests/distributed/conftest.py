@@ -36,7 +36,7 @@ class Ranks:
             env = {
                 **os.environ, "PYTHONPATH": PATH, "PYTHONUNBUFFERED": "1", "RANK": str(rank),
                 "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                "OMP_NUM_THREADS": "1", **env_of.get(rank, {}),
+                "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1", **env_of.get(rank, {}),
             }  # fmt: skip
             log = open(tmp / f"rank{rank}-{port}.log", "w")  # noqa: SIM115 - closed in wait()
             proc = subprocess.Popen(
@@ -46,8 +46,10 @@ class Ranks:
             self.procs.append((proc, log))
 
     def wait(self, timeout: float = 120) -> list[int]:
+        """Every rank's exit code; the stderr tail of each rank that failed is printed, so that a
+        failing test shows why (pytest shows a failed test's captured output)."""
         codes = []
-        for proc, log in self.procs:
+        for rank, (proc, log) in enumerate(self.procs):
             try:
                 codes.append(proc.wait(timeout))
             finally:
@@ -57,6 +59,9 @@ class Ranks:
                 if proc.stdout:
                     proc.stdout.close()
                 log.close()
+            if proc.returncode != 0:
+                tail = Path(log.name).read_text(errors="replace")[-3000:]
+                print(f"--- rank {rank} exited {proc.returncode}; the end of its stderr:\n{tail}")
         return codes
 
     def kill(self, ranks: list[int] | None = None) -> None:
