@@ -96,6 +96,29 @@ def test_a_deletion_failing_after_a_save_warns_and_the_save_stands(tmp_path: Pat
     assert cs.verify(tmp_path).ok
 
 
+@pytest.mark.parametrize("async_save", [True, False])
+def test_a_rename_that_cannot_be_made_durable_says_the_step_was_committed(
+    tmp_path: Path, async_save: bool
+) -> None:
+    """An I/O error right after the rename (where fsyncing the directory fails) is reported as what
+    it is: the step was committed and is intact, only its durability is in doubt. It was reported
+    as a commit that failed, with the step in place."""
+    with cs.CheckpointManager(tmp_path, async_save=async_save) as mgr:
+        mgr.save(1, _state(1))
+        mgr.wait()
+        faults.arm("after_rename", fail=True)
+        try:
+            with pytest.raises(cs.CrashsafeError, match="step 2 was committed to .* rename durable"):
+                mgr.save(2, _state(2))
+                mgr.wait()
+        finally:
+            faults.arm(None, fail=True)
+        assert mgr.steps() == [1, 2] and mgr.load(2)["w"][0] == 2.0
+        mgr.save(3, _state(3))
+        mgr.wait()
+    assert cs.CheckpointManager(tmp_path, read_only=True).steps() == [1, 2, 3] and cs.verify(tmp_path).ok
+
+
 def test_saving_a_damaged_committed_step_again_replaces_it(tmp_path: Path) -> None:
     """A run that fell back from a damaged step 8 and trained on saves step 8 again: the damaged
     copy is deleted (with a warning) and the new one committed; an intact step is still refused."""

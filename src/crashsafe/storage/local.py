@@ -347,9 +347,6 @@ class _LocalDraft(Draft):
             if self._root.exists(self.name):
                 raise CheckpointExistsError(f"step {self.step} appeared in {self._root.path} while saving")
             self._root.rename(self.tmp, self.name)
-            faults.reached("after_rename")
-            self._root.fsync()
-            faults.reached("after_fsync_root")
         except CheckpointExistsError:
             self.abort()
             raise
@@ -360,6 +357,17 @@ class _LocalDraft(Draft):
             self.abort()
             raise
         self._close()
+        try:  # committed: the step is there; only its durability is in doubt now
+            faults.reached("after_rename")
+            self._root.fsync()
+        except OSError as exc:
+            raise StorageError(
+                exc.errno,
+                f"step {self.step} was committed to {self._root.path} (renamed into place), but making the "
+                f"rename durable failed ({exc.strerror or exc}): a power loss could still take the step "
+                "away. The step is intact and readable; check the device, and save again under a new step",
+            ) from None
+        faults.reached("after_fsync_root")
 
     def abort(self) -> None:
         self._close()
