@@ -160,12 +160,11 @@ class FsspecStore(Store):
         return _ObjectDraft(self, step, attempt, part)
 
     def delete(self, step: int) -> None:
-        """Remove the manifest (the step is gone for readers), then every object of the step."""
+        """Remove the manifest (the step is gone for readers), then every object of the step. With the
+        manifest gone already (a deletion cut short, or one whose answer was lost), the rest goes too."""
         name = step_name(step)
-        try:
+        with contextlib.suppress(FileNotFoundError):
             self._call(lambda: self.fs.rm_file(self.path(name, MANIFEST_NAME)), f"deleting step {step}")
-        except FileNotFoundError:
-            return
         faults.reached("after_unlink_manifest")
         self._remove([key for key in self._objects() if key.startswith(name + "/")])
 
