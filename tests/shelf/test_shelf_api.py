@@ -4,6 +4,8 @@ all-or-nothing in-process, views are guarded, space is reused, and bad input is 
 from __future__ import annotations
 
 import math
+import os
+import threading
 import warnings
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,8 @@ import pytest
 import crashsafe as cs
 from crashsafe.errors import UnsupportedStateError
 from crashsafe.shelf import Shelf, ShelfError, ShelfFullError
+from crashsafe.shelf.errors import NotAShelfError
+from crashsafe.shelf.inspect import inspect_shelf
 from crashsafe.shelf.meta import NUMERIC_DTYPES
 
 MODES = ["undo", "shadow"]
@@ -285,6 +289,39 @@ def test_lifecycle_errors(shm_dir: Path) -> None:
         warnings.simplefilter("error")
         with Shelf(path) as again:
             assert np.all(again["x"] == 1)
+
+
+@pytest.mark.timeout(60)
+def test_hostile_paths_never_hang_or_write_through_a_link(shm_dir: Path) -> None:
+    """A FIFO where the shelf should be is refused at once (inspecting it waited forever for a
+    writer). A link planted at the name a creation writes first (in /dev/shm, which anyone can
+    write) is replaced, never written through: its target was truncated and became the shelf."""
+    fifo = shm_dir / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(NotAShelfError, match="not a regular file"):
+        Shelf(fifo)
+    refused: list[str] = []
+
+    def inspect() -> None:
+        with pytest.raises(NotAShelfError, match="not a regular file") as info:
+            inspect_shelf(fifo)
+        refused.append(str(info.value))
+
+    inspecting = threading.Thread(target=inspect, daemon=True)
+    inspecting.start()
+    inspecting.join(10)
+    assert not inspecting.is_alive(), "inspecting a FIFO blocked"
+    assert refused
+    victim = shm_dir / "victim"
+    victim.write_bytes(b"not yours")
+    planted = shm_dir / f".s.creating-{os.getpid()}"
+    os.symlink(victim, planted)
+    with Shelf(shm_dir / "s", size="1MiB") as shelf:
+        shelf["x"] = 1
+    assert victim.read_bytes() == b"not yours"
+    assert not (shm_dir / "s").is_symlink() and not os.path.lexists(planted)
+    with Shelf(shm_dir / "s") as shelf:
+        assert shelf["x"] == 1
 
 
 def test_an_unclosed_shelf_unlocks_when_collected(shm_dir: Path) -> None:

@@ -22,6 +22,7 @@ import errno
 import fcntl
 import mmap
 import os
+import stat
 import weakref
 from pathlib import Path
 from typing import Literal
@@ -30,7 +31,7 @@ from crashsafe.errors import LockedError
 from crashsafe.shelf.errors import NotAShelfError, ShelfError, ShelfFullError
 from crashsafe.shelf.layout import PAGE, Superblock
 
-__all__ = ["Arena", "Durability", "mount_of"]
+__all__ = ["Arena", "Durability", "mount_of", "open_regular"]
 
 Durability = Literal["auto", "process", "power"]
 _MAP_SHARED_VALIDATE = 0x03
@@ -54,6 +55,19 @@ def mount_of(path: Path) -> tuple[str, str]:
     return best[1], best[2]
 
 
+def open_regular(path: Path, flags: int) -> int:
+    """An fd of the regular file at ``path`` (links followed: the user chose the path). A FIFO,
+    device or socket is refused without waiting (an open of a FIFO waits for its other end)."""
+    fd = os.open(path, flags | os.O_NONBLOCK | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise NotAShelfError(
+            f"{path} is not a crashsafe shelf: it is not a regular file (a FIFO, a device or a socket). "
+            "Choose another path"
+        )
+    return fd
+
+
 class Arena:
     """An open, locked, mapped arena file; ``sync`` is its ordering point per ``durability``."""
 
@@ -71,7 +85,7 @@ class Arena:
     def open(cls, path: Path, durability: Durability) -> Arena:
         """Open an existing arena for writing, taking its exclusive lock."""
         try:
-            fd = os.open(path, os.O_RDWR)
+            fd = open_regular(path, os.O_RDWR)
         except OSError as exc:
             raise ShelfError(f"cannot open the shelf {path}: {exc.strerror}. Check the path and "
                              "its permissions") from None
@@ -102,8 +116,10 @@ class Arena:
     def create(path: Path, size: int, head: list[tuple[int, bytes]]) -> None:
         """Create ``path`` atomically: a preallocated temp file with ``head`` written, then rename."""
         tmp = path.with_name(f".{path.name}.creating-{os.getpid()}")
-        try:
-            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:  # a new file of our own: never through a link (say, planted in /dev/shm), never a FIFO
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)  # what a killed creation of this pid left
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         except OSError as exc:
             raise ShelfError(f"cannot create the shelf {path}: {exc.strerror}. Check that the "
                              "directory exists and is writable") from None
@@ -146,7 +162,7 @@ class Arena:
         # mmap keeps a dup of the descriptor it is given; mapping through a second open of the
         # file keeps that dup off the locked open file, so close() unlocks even while user views
         # keep the mapping alive
-        fd = os.open(self.path, os.O_RDWR)
+        fd = os.open(f"/proc/self/fd/{self.fd}", os.O_RDWR | os.O_CLOEXEC)  # the locked file, not the path's
         try:
             _, options = mount_of(self.path)
             if "dax" in options.split(","):

@@ -16,6 +16,7 @@ import xxhash
 
 from crashsafe.shelf import recovery
 from crashsafe.shelf.alloc import reserved
+from crashsafe.shelf.arena import open_regular
 from crashsafe.shelf.errors import NotAShelfError, ShelfError
 from crashsafe.shelf.layout import PAGE, Superblock
 from crashsafe.shelf.loop_record import interrupted, read_committed
@@ -74,7 +75,7 @@ def inspect_shelf(
     """
     path = Path(path)
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = open_regular(path, os.O_RDONLY)
     except OSError as exc:
         raise ShelfError(f"cannot open {path}: {exc.strerror}") from None
     try:
