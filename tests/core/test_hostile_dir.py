@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +16,8 @@ from typer.testing import CliRunner
 import crashsafe as cs
 from crashsafe.cli.app import app
 from crashsafe.storage.layout import step_dir
+
+from ..hostile import make_victim, untouched, within
 
 runner = CliRunner()
 
@@ -34,37 +34,8 @@ def _run(directory: Path, steps: range, **kwargs: Any) -> None:
 
 @pytest.fixture
 def victim(tmp_path: Path) -> Path:
-    """Files outside the checkpoint directory that crashsafe must never touch."""
-    outside = tmp_path / "outside"
-    outside.mkdir()
-    for name in ("data.bin", "manifest.json", "precious.txt"):
-        (outside / name).write_bytes(b"not yours " * 100)
-    return outside
-
-
-def _untouched(victim: Path) -> None:
-    assert sorted(p.name for p in victim.iterdir()) == ["data.bin", "manifest.json", "precious.txt"]
-    assert all(p.read_bytes() == b"not yours " * 100 for p in victim.iterdir())
-
-
-def _within(seconds: float, fn: Callable[[], Any]) -> Any:
-    """Run ``fn`` in a thread; fail (instead of hanging the suite) if it blocks."""
-    result: list[Any] = []
-    error: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            result.append(fn())
-        except BaseException as exc:
-            error.append(exc)
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    assert not thread.is_alive(), f"blocked for more than {seconds} s"
-    if error:
-        raise error[0]
-    return result[0]
+    """Files outside the checkpoint location that crashsafe must never touch."""
+    return make_victim(tmp_path / "outside")
 
 
 # ----------------------------------------------------------------------------- symlinked steps
@@ -77,7 +48,7 @@ def test_retention_deletes_a_symlinked_step_not_its_target(tmp_path: Path, victi
     with cs.CheckpointManager(ckpt, keep_last=2, async_save=False) as mgr:
         mgr.save(3, _state(3))
         assert mgr.steps() == [2, 3]
-    _untouched(victim)
+    untouched(victim)
     assert not any(p.is_symlink() for p in ckpt.iterdir())
 
 
@@ -88,7 +59,7 @@ def test_gc_deletes_a_symlinked_step_not_its_target(tmp_path: Path, victim: Path
     os.symlink(victim, ckpt / ".trash-step_000000000009-deadbeef")  # a "leftover" link too
     result = runner.invoke(app, ["gc", str(ckpt), "--keep-last", "1"])
     assert result.exit_code == 0, result.output
-    _untouched(victim)
+    untouched(victim)
     assert sorted(p.name for p in ckpt.iterdir()) == [".lock", "step_000000000003"]
 
 
@@ -98,7 +69,7 @@ def test_gc_delete_damaged_unlinks_a_symlinked_newest_step(tmp_path: Path, victi
     os.symlink(victim, step_dir(ckpt, 7))
     result = runner.invoke(app, ["gc", str(ckpt), "--keep-last", "5", "--delete-damaged"])
     assert result.exit_code == 0, result.output
-    _untouched(victim)
+    untouched(victim)
     assert cs.CheckpointManager(ckpt, read_only=True).steps() == [1, 2]
 
 
@@ -137,16 +108,16 @@ def test_a_file_symlinked_out_of_its_step_is_damage(tmp_path: Path, name: str) -
     assert [d.step for d in cs.verify(ours).damaged] == [2]
 
 
-def test_a_symlinked_lock_file_is_refused_and_its_target_untouched(tmp_path: Path, victim: Path) -> None:
+def test_a_symlinked_lock_file_is_refused_and_its_targetuntouched(tmp_path: Path, victim: Path) -> None:
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     os.symlink(victim / "precious.txt", ckpt / ".lock")
     with pytest.raises(cs.StorageError, match="symbolic link"):
         cs.CheckpointManager(ckpt)
-    _untouched(victim)
+    untouched(victim)
     result = runner.invoke(app, ["gc", str(ckpt)])
     assert result.exit_code == 2 and "symbolic link" in result.output
-    _untouched(victim)
+    untouched(victim)
 
 
 # ----------------------------------------------------------------------------- special files
@@ -162,13 +133,13 @@ def test_a_fifo_in_a_step_never_blocks(tmp_path: Path, name: str) -> None:
     reader = cs.CheckpointManager(ckpt, read_only=True)
     live = _state(0)
     with pytest.warns(cs.CorruptCheckpointWarning, match="FIFO"):
-        assert _within(10, lambda: reader.restore(live)) == 1
+        assert within(10, lambda: reader.restore(live)) == 1
     assert live["step"] == 1
     with pytest.raises(cs.CorruptCheckpointError, match="FIFO"):
-        _within(10, lambda: reader.load(2))
-    report = _within(10, lambda: cs.verify(ckpt))
+        within(10, lambda: reader.load(2))
+    report = within(10, lambda: cs.verify(ckpt))
     assert [d.step for d in report.damaged] == [2] and "FIFO" in (report.damaged[0].problem or "")
-    result = _within(10, lambda: runner.invoke(app, ["verify", str(ckpt)]))
+    result = within(10, lambda: runner.invoke(app, ["verify", str(ckpt)]))
     assert result.exit_code == 1
 
 

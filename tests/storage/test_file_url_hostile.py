@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +16,8 @@ import pytest
 import crashsafe as cs
 from crashsafe.storage.layout import step_dir, step_name
 from crashsafe.storage.objectstore import FsspecStore
+
+from ..hostile import make_victim, untouched, within
 
 
 def _state(step: int) -> dict[str, Any]:
@@ -32,37 +32,8 @@ def _run(directory: Path, steps: range, **kwargs: Any) -> None:
 
 @pytest.fixture
 def victim(tmp_path: Path) -> Path:
-    """Files outside the location that crashsafe must never touch."""
-    outside = tmp_path / "outside"
-    outside.mkdir()
-    for name in ("data.bin", "manifest.json", "precious.txt"):
-        (outside / name).write_bytes(b"not yours " * 100)
-    return outside
-
-
-def _untouched(victim: Path) -> None:
-    assert sorted(p.name for p in victim.iterdir()) == ["data.bin", "manifest.json", "precious.txt"]
-    assert all(p.read_bytes() == b"not yours " * 100 for p in victim.iterdir())
-
-
-def _within(seconds: float, fn: Callable[[], Any]) -> Any:
-    """Run ``fn`` in a thread; fail (instead of hanging the suite) if it blocks."""
-    result: list[Any] = []
-    error: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            result.append(fn())
-        except BaseException as exc:
-            error.append(exc)
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    assert not thread.is_alive(), f"blocked for more than {seconds} s"
-    if error:
-        raise error[0]
-    return result[0]
+    """Files outside the checkpoint location that crashsafe must never touch."""
+    return make_victim(tmp_path / "outside")
 
 
 def _shard(directory: Path, step: int) -> Path:
@@ -77,17 +48,17 @@ def test_a_fifo_lease_is_refused_at_once(tmp_path: Path) -> None:
     run.mkdir()
     os.mkfifo(run / ".lock")
     with pytest.raises(cs.StorageError, match=r"\.lock is a link, FIFO"):
-        _within(10, lambda: cs.CheckpointManager(f"file://{run}"))
+        within(10, lambda: cs.CheckpointManager(f"file://{run}"))
 
 
-def test_a_linked_lease_is_refused_and_its_target_untouched(tmp_path: Path, victim: Path) -> None:
+def test_a_linked_lease_is_refused_and_its_targetuntouched(tmp_path: Path, victim: Path) -> None:
     """It was once taken for an unreadable lease and overwritten, through the link."""
     run = tmp_path / "run"
     run.mkdir()
     os.symlink(victim / "precious.txt", run / ".lock")
     with pytest.raises(cs.StorageError, match=r"\.lock is a link"):
         cs.CheckpointManager(f"file://{run}")
-    _untouched(victim)
+    untouched(victim)
 
 
 @pytest.mark.timeout(60)
@@ -101,9 +72,9 @@ def test_a_fifo_in_a_step_never_blocks(tmp_path: Path, which: str) -> None:
     reader = cs.CheckpointManager(f"file://{run}", read_only=True)
     live = _state(0)
     with pytest.warns(cs.CorruptCheckpointWarning, match="FIFO|is not a file"):
-        assert _within(10, lambda: reader.restore(live)) == 1
+        assert within(10, lambda: reader.restore(live)) == 1
     assert live["step"] == 1 and np.all(live["w"] == 1.0)
-    report = _within(10, lambda: cs.verify(f"file://{run}"))
+    report = within(10, lambda: cs.verify(f"file://{run}"))
     assert report.intact == [1] and [d.step for d in report.damaged] == [2]
 
 
@@ -136,7 +107,7 @@ def test_a_linked_step_directory_is_never_written_read_or_deleted_through(
             mgr.save(5, _state(5))
         mgr.save(3, _state(3))  # retention runs: steps 1 and 0 are older
         assert mgr.steps() == [2, 3]
-    _untouched(victim)
+    untouched(victim)
     live = _state(0)
     assert cs.CheckpointManager(f"file://{run}", read_only=True).restore(live) == 3
     assert step_dir(run, 0).is_symlink()  # not ours to delete, and never deleted through
