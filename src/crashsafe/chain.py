@@ -28,7 +28,7 @@ from crashsafe.codecs.registry import get_codec
 from crashsafe.errors import CodecError, CorruptCheckpointError, NoCheckpointError
 from crashsafe.format.chunks import chunk_span
 from crashsafe.format.dtypes import storage_dtype
-from crashsafe.format.manifest import Manifest, PayloadEntry
+from crashsafe.format.manifest import Manifest, PayloadEntry, base_mark
 from crashsafe.policies.keep import KeepPolicy, StepFacts
 from crashsafe.step_facts import facts_lookup
 from crashsafe.storage.base import Store
@@ -252,12 +252,12 @@ class ChainReader(Closing):
     def _chain(self, step: int, entry: PayloadEntry) -> list[tuple[int, PayloadEntry]]:
         """(step, entry) from the full payload up to ``entry``, every link validated."""
         links = [(step, entry)]
-        link = entry
+        link, at = entry, step
         where = f"checkpoint step {step} in {self.store.location}: payload '{entry.path}'"
         while link.base is not None:
             base = link.base
             try:
-                found = [p for p in self.manifest(base).payloads if _same_part(p, entry)]
+                prior_manifest = self.manifest(base)
             except NoCheckpointError:
                 raise CorruptCheckpointError(
                     f"{where} is a delta of step {base}, but base step {base} is missing (deleted outside "
@@ -268,6 +268,14 @@ class ChainReader(Closing):
                 raise CorruptCheckpointError(
                     f"{where} is a delta of step {base}, which is damaged: {exc}"
                 ) from None
+            wanted = self.manifest(at).info.get(base_mark(base))  # older steps record no mark
+            if wanted is not None and wanted != prior_manifest.created:
+                raise CorruptCheckpointError(
+                    f"{where} is a delta of step {base}, but step {base} was saved again after step {at} "
+                    "was (a run that fell back and trained on): the deltas do not decode against it; "
+                    "restore another step"
+                )
+            found = [p for p in prior_manifest.payloads if _same_part(p, entry)]
             if len(found) != 1:
                 raise CorruptCheckpointError(f"{where}: base step {base} does not hold this path")
             prior = found[0]
@@ -281,7 +289,7 @@ class ChainReader(Closing):
                     f"{where}: base step {base} holds it with another kind, dtype, shape or codec"
                 )
             links.append((base, prior))
-            link = prior
+            link, at = prior, base
         return links[::-1]
 
     def _codec(self, reader: StepReader, entry: PayloadEntry) -> Codec:

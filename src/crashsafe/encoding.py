@@ -10,7 +10,7 @@ config and base step their manifest entries need.
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +19,7 @@ import numpy as np
 from crashsafe.codecs.base import BytesLike, Codec, DeltaCodec, Reference
 from crashsafe.codecs.registry import get_codec
 from crashsafe.format.dtypes import FLOAT_DTYPES
+from crashsafe.format.manifest import base_mark
 from crashsafe.state.tree import ArrayLeaf
 
 __all__ = ["CodecSpec", "Encoded", "SavePlanner"]
@@ -56,6 +57,7 @@ class SavePlanner:
         self._tracks: dict[str, _Track] = {}  # per delta-coded path: what its next delta is against
         self._next: dict[str, _Track] = {}  # tracks of the step being saved, kept once it commits
         self._commits = 0  # committed saves: delta chains restart at multiples of full_every
+        self._created: dict[int, float] = {}  # the creation times of the steps tracks are at
 
     def codec_for(self, leaf: ArrayLeaf) -> Codec:
         """The codec of the most specific pattern matching the leaf's path that may take it."""
@@ -112,10 +114,20 @@ class SavePlanner:
         payload, reference = codec.encode_delta(array, None)
         return payload, None, _Track(codec, leaf.kind, leaf.dtype, leaf.shape, step, reference)
 
-    def committed(self) -> None:
-        """The step encoded since the last call committed: its reconstructions are the new bases."""
+    def committed(self, step: int, created: float) -> None:
+        """``step`` (encoded since the last call, its manifest made at ``created``) committed: its
+        reconstructions are the new bases."""
         self._tracks, self._next = self._next, {}
         self._commits += 1
+        self._created[step] = created
+        tracked = {track.step for track in self._tracks.values()}
+        self._created = {at: when for at, when in self._created.items() if at in tracked or at == step}
+
+    def base_marks(self, bases: Iterable[int]) -> dict[str, float]:
+        """What a manifest's ``info`` records of the saves its deltas are against: each base step's
+        creation time (:func:`crashsafe.chain.base_mark`), so that a base saved again since (a run
+        that fell back and trained on) is never taken for the one the deltas need."""
+        return {base_mark(base): self._created[base] for base in bases if base in self._created}
 
     def reset(self) -> None:
         """Forget every chain (after a failed save, whose references advanced in place, or a read

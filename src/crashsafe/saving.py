@@ -73,13 +73,14 @@ def save_step(
                     encoded.base,
                 )
             )
+        info = {**info, **planner.base_marks(e.base for e in entries if e.base is not None)}
         manifest = Manifest(step, time.time(), tree, tuple(entries), writer.files(), metrics, info)
         writer.commit(manifest)
     except BaseException:
         writer.abort()
         planner.reset()  # references were advanced in place for a step that never committed
         raise
-    planner.committed()
+    planner.committed(step, manifest.created)
     return manifest
 
 

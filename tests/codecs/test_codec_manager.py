@@ -183,6 +183,42 @@ def test_a_missing_base_is_named(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(60)
+def test_a_base_saved_again_is_never_taken_for_the_one_a_delta_needs(tmp_path: Path) -> None:
+    """Step 4 is a delta of step 3. Step 3 is damaged, so restore falls back to step 2, and the run
+    trains on and saves step 3 again (the damaged one is replaced). Step 4 decoded against that new
+    step 3, into wrong numbers, silently; now each manifest records the saves its deltas are
+    against, and step 4 is damage: restore ends on the new step 3 and verify names step 4."""
+
+    def state(value: float) -> dict[str, Any]:
+        return {"w": np.full(1000, value, np.float32)}
+
+    with cs.CheckpointManager(tmp_path, keep_last=None, codec=Incremental(), async_save=False) as mgr:
+        for step in range(1, 5):
+            mgr.save(step, state(step))
+        assert [mgr.manifest(s).payloads[0].base for s in (2, 3, 4)] == [1, 2, 3]
+    entry = cs.CheckpointManager(tmp_path, read_only=True).manifest(3).payloads[0]
+    with open(step_dir(tmp_path, 3) / entry.file, "r+b") as f:  # flip a real byte of step 3
+        f.seek(entry.offset + entry.nbytes // 2)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0x5A]))
+    with cs.CheckpointManager(tmp_path, keep_last=None, codec=Incremental(), async_save=False) as mgr:
+        live = state(0)
+        with pytest.warns(cs.CorruptCheckpointWarning):
+            assert mgr.restore(live) == 2
+        with pytest.warns(cs.CorruptCheckpointWarning, match="step 3 was committed but damaged"):
+            mgr.save(3, state(33))  # trained on from step 2
+    reader = cs.CheckpointManager(tmp_path, read_only=True)
+    with pytest.raises(cs.CorruptCheckpointError, match="step 3 was saved again after step 4"):
+        reader.load(4)
+    with pytest.warns(cs.CorruptCheckpointWarning, match="saved again"):
+        assert reader.restore(live) == 3
+    assert np.all(live["w"] == 33)
+    report = cs.verify(tmp_path)
+    assert report.intact == [1, 2, 3] and [d.step for d in report.damaged] == [4]
+
+
+@pytest.mark.timeout(60)
 def test_a_failed_save_resets_the_chains(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from crashsafe.storage.writer import StepWriter
 

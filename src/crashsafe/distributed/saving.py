@@ -219,7 +219,7 @@ def save_step(
                 f"step {step} was not committed: " + "; ".join(failed) + ". Committed checkpoints are intact"
             )
         assert writer is not None
-        manifest = _global_manifest(step, reports, planned.plan.writer, metrics, info)
+        manifest = _global_manifest(step, reports, planned.plan.writer, metrics, info, planner)
         writer.commit(manifest)
         return manifest
 
@@ -234,7 +234,7 @@ def save_step(
         raise
     if writer is not None and not coord.leader:
         writer.close()
-    planner.committed()
+    planner.committed(step, outcome.created)
     return outcome
 
 
@@ -279,8 +279,10 @@ def _global_manifest(
     writer_of: dict[tuple[int, int], tuple[int, int]],
     metrics: dict[str, Any],
     info: dict[str, Any],
+    planner: SavePlanner,
 ) -> Manifest:
-    """Every rank's payloads in one table, and every rank's tree pointing into it."""
+    """Every rank's payloads in one table, and every rank's tree pointing into it; ``info`` gets
+    the marks of the delta bases of every rank's payloads (every rank committed the same steps)."""
     payloads: list[PayloadEntry] = []
     index: dict[tuple[int, int], int] = {}
     files: dict[str, int] = {}
@@ -290,6 +292,7 @@ def _global_manifest(
             index[rank, i] = len(payloads)
             payloads.append(_entry(body))
     trees = [_renumbered(tree, rank, index, writer_of) for rank, (_, _, tree, _) in enumerate(reports)]
+    info = {**info, **planner.base_marks(p.base for p in payloads if p.base is not None)}
     return Manifest(step, time.time(), trees[0], tuple(payloads), files, metrics, info, tuple(trees[1:]))
 
 

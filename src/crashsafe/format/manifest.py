@@ -36,6 +36,7 @@ __all__ = [
     "MANIFEST_NAME",
     "Manifest",
     "PayloadEntry",
+    "base_mark",
     "check_written",
     "dumps",
     "loads",
@@ -58,6 +59,13 @@ MAX_JSON_VALUES = 4_500_000  # count of b"{", b"[" and b",": every JSON value bu
 LEAF_KINDS = frozenset({"torch", "numpy", "npscalar", "bytes"})
 _FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 _HEX64 = re.compile(r"[0-9a-f]{16}")
+
+
+def base_mark(base: int) -> str:
+    """The ``info`` key under which a step records the creation time of ``base``, a step its delta
+    payloads are encoded against: a reader decodes them only against that very save of ``base``.
+    (In ``info``, so that every crashsafe, older ones too, reads the manifest.)"""
+    return f"base_created.{base}"
 
 
 @dataclass(frozen=True)
