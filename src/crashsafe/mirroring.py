@@ -78,7 +78,9 @@ class Mirror:
         remote.remove_leftovers(remote.leftovers())
         self._bases: dict[int, frozenset[int]] = {}
         self._facts: dict[int, StepFacts] = {}  # the mirror's steps' commit times and metrics (cache)
-        self._pending = set(local.steps()) - set(remote.steps())  # a previous run's unmirrored steps
+        # every local step until the mirror thread finds the very save there: a step of a previous
+        # run may be unmirrored, or saved again (after a rewind) while the mirror holds an older save
+        self._pending = set(local.steps())
         self._errors: list[str] = []
         self._failed_round: set[int] = set()  # failed since the last save; retried at the next
         self._busy = False

@@ -153,3 +153,26 @@ def test_a_step_saved_again_after_a_rewind_replaces_the_mirrors_older_save(tmp_p
     assert remote.steps() == [1, 2]
     _is(remote.load(1), 100)
     _is(remote.load(2), 2)
+
+
+def test_a_step_saved_again_while_the_mirror_was_away_reaches_it(tmp_path: Path) -> None:
+    """A run rewinds and saves step 3 again while its mirror is not with it (the upload never
+    happened: a job killed first, or run without ``mirror=``). The next manager with the mirror
+    must upload that save over the mirror's older one before local retention may drop it. It only
+    queued steps whose number the mirror lacked, so local retention deleted the new save, the only
+    copy, and the mirror served the old one."""
+    local, mirror = tmp_path / "local", f"file://{tmp_path / 'remote'}"
+    with cs.CheckpointManager(local, keep_last=1, mirror=mirror, async_save=False) as mgr:
+        for step in (1, 2, 3):
+            mgr.save(step, _state(step))
+        assert mgr.wait_mirror(timeout=60)
+    with cs.CheckpointManager(local, keep_last=None, async_save=False) as mgr:  # no mirror this time
+        mgr.delete([3])
+        mgr.save(3, _state(33))
+    with cs.CheckpointManager(local, keep_last=1, mirror=mirror, async_save=False) as mgr:
+        mgr.save(4, _state(4))
+        assert mgr.wait_mirror(timeout=60)
+        mgr.save(5, _state(5))  # retention: step 3 may go locally only once the mirror has it
+        assert mgr.wait_mirror(timeout=60)
+    assert cs.CheckpointManager(local, read_only=True).steps() == [5]
+    _is(cs.CheckpointManager(mirror, read_only=True).load(3), 33)
