@@ -375,8 +375,9 @@ class CheckpointManager:
         self._by_leader(delete, "deleting steps")
 
     def gc(self, *, delete_damaged: bool = False) -> list[int]:
-        """Apply this manager's retention now (and, with ``delete_damaged``, delete every step that
-        does not verify); return the deleted steps. Torn leftovers were removed when it opened."""
+        """Apply this manager's retention now (with ``delete_damaged``, first delete every step that
+        does not verify and no intact step needs, so that retention counts intact steps only);
+        return the deleted steps. Torn leftovers were removed when it opened."""
         from crashsafe.verification import verify
 
         store = self._writable()
@@ -384,13 +385,13 @@ class CheckpointManager:
 
         def collect() -> list[int]:
             self._check_store(store, "collecting garbage")
-            doomed = set(self._apply_retention(store, None))  # as after a save: what the mirror lacks stays
+            damaged: set[int] = set()
             if delete_damaged:
                 report = verify(self.directory, storage_options=self._storage_options)
-                damaged = {r.step for r in report.damaged}
-                self._delete(store, sorted(damaged - doomed))
-                doomed |= damaged
-            return sorted(doomed)
+                needed = protected_steps(store, report.intact, self._bases)
+                damaged = {r.step for r in report.damaged} - needed
+                self._delete(store, sorted(damaged))
+            return sorted(damaged | set(self._apply_retention(store, None)))  # what the mirror lacks stays
 
         return self._by_leader(collect, "collecting garbage")
 

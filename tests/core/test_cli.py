@@ -72,6 +72,39 @@ def test_gc_keeps_the_newest(ckpt: Path) -> None:
     assert locked.exit_code == 2 and "another CheckpointManager" in locked.output
 
 
+def test_gc_delete_damaged_counts_intact_steps_only(ckpt: Path) -> None:
+    """Steps 3, 4 and 5 damaged: `gc --delete-damaged --keep-last 2`, as `verify` advises, deletes
+    the damaged steps and keeps the two newest intact ones. Retention counted the damaged steps among
+    the newest it keeps, then deleted them too: nothing was left to restore."""
+    for step in (3, 4, 5):
+        data = ckpt / f"step_{step:012d}" / "data.bin"
+        raw = bytearray(data.read_bytes())
+        raw[10] ^= 0xFF
+        data.write_bytes(bytes(raw))
+    result = runner.invoke(app, ["gc", str(ckpt), "--keep-last", "2", "--delete-damaged"])
+    assert result.exit_code == 0, result.output
+    assert cs.verify(ckpt).intact == [1, 2] == cs.CheckpointManager(ckpt, read_only=True).steps()
+
+
+def test_gc_delete_damaged_keeps_a_damaged_step_an_intact_one_needs(tmp_path: Path) -> None:
+    """Step 2's raw payload is damaged, but step 3's deltas need only step 2's intact one: step 2
+    stays (deleting it would damage step 3), step 3 still loads."""
+    codec = {"model.*": cs.codecs.Incremental(full_every=4), "*": "raw"}
+    with cs.CheckpointManager(tmp_path, keep_last=None, codec=codec, async_save=False) as mgr:
+        for step in (1, 2, 3):
+            mgr.save(step, {"model": {"w": torch.full((64,), float(step))}, "other": np.full(64, step)})
+        entry = next(p for p in mgr.manifest(2).payloads if p.path == "other")
+    data = tmp_path / f"step_{2:012d}" / entry.file
+    raw = bytearray(data.read_bytes())
+    raw[entry.offset] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    assert cs.verify(tmp_path).intact == [1, 3]
+    result = runner.invoke(app, ["gc", str(tmp_path), "--keep-last", "5", "--delete-damaged"])
+    assert result.exit_code == 0, result.output
+    reader = cs.CheckpointManager(tmp_path, read_only=True)
+    assert reader.steps() == [1, 2, 3] and torch.equal(reader.load(3)["model"]["w"], torch.full((64,), 3.0))
+
+
 def test_missing_directory_is_a_clear_error(tmp_path: Path) -> None:
     for cmd in ("ls", "verify", "show"):
         result = runner.invoke(app, [cmd, str(tmp_path / "nope")])
