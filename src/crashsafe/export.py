@@ -20,6 +20,7 @@ from crashsafe.distributed.shards import read_sharded
 from crashsafe.errors import CrashsafeError, NoCheckpointError
 from crashsafe.format.manifest import Manifest
 from crashsafe.state.rebuild import array_nodes, unflatten, view_of
+from crashsafe.storage.layout import parse_step_name
 from crashsafe.storage.stores import open_store
 
 __all__ = ["HF_CONFIG_KEY", "export_hf", "export_safetensors"]
@@ -41,6 +42,7 @@ def export_safetensors(
     """Write the tensors of ``step`` (default newest) under ``prefix`` to ``output`` with the prefix
     stripped (kept with ``keep_prefix``); return (step, count, bytes). Bytes and python values are
     not exported."""
+    _check_output(Path(output), directory)
     found, manifest, arrays = _read(directory, step, storage_options)
     tensors, bf16 = _tensors(manifest, arrays, prefix, keep_prefix, progress)
     _save(tensors, bf16, Path(output), found)
@@ -59,10 +61,16 @@ def export_hf(
     """A folder ``from_pretrained`` reads: ``model.safetensors`` (the tensors under ``prefix``, prefix
     stripped) and, if the state holds ``hf_config``, ``config.json``. Returns (step, count, bytes,
     whether a config was written)."""
+    out = Path(folder)
+    if out.exists() and not out.is_dir():
+        raise CrashsafeError(f"{out} exists and is not a directory; give a folder for --hf-dir")
+    _check_output(out / "model.safetensors", directory)
     found, manifest, arrays = _read(directory, step, storage_options)
     tensors, bf16 = _tensors(manifest, arrays, prefix, False, progress)
-    out = Path(folder)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CrashsafeError(f"cannot create the folder {out}: {exc.strerror or exc}") from None
     _save(tensors, bf16, out / "model.safetensors", found)
     tree = manifest.tree
     config = None
@@ -136,8 +144,37 @@ def _tensors(
     return tensors, bf16
 
 
+def _check_output(output: Path, directory: str | os.PathLike[str]) -> None:
+    """Refuse, before reading anything, a file to export to that is not one (a directory, a FIFO, a
+    device: safetensors would replace it with a file) or is a local checkpoint directory's own entry
+    (a step, the lock, a temporary) or inside one. An existing regular file is replaced, as ``cp``
+    replaces one."""
+    if output.is_dir() or (output.exists() and not output.is_file()):
+        raise CrashsafeError(f"{output} is a directory, a FIFO or a device, not a file; give a file path")
+    if not output.parent.is_dir():
+        raise CrashsafeError(f"the directory of {output} does not exist; create it first")
+    root = Path(directory).resolve() if "://" not in str(directory) else None
+    where = output.parent.resolve() / output.name
+    if root is not None and where.is_relative_to(root):
+        name = where.relative_to(root)
+        if len(name.parts) != 1 or name.name.startswith(".") or parse_step_name(name.name) is not None:
+            raise CrashsafeError(
+                f"{output} is one of the checkpoint directory's own entries, or inside one: writing there "
+                "could replace a committed step's files. Export somewhere else"
+            )
+
+
 def _save(tensors: dict[str, np.ndarray[Any, Any]], bf16: set[str], output: Path, step: int) -> None:
     """safetensors with the metadata transformers requires (``format: pt``); bfloat16 through torch."""
+    from safetensors import SafetensorError
+
+    try:
+        _write(tensors, bf16, output, step)
+    except (OSError, SafetensorError) as exc:
+        raise CrashsafeError(f"writing {output} failed: {exc}") from None
+
+
+def _write(tensors: dict[str, np.ndarray[Any, Any]], bf16: set[str], output: Path, step: int) -> None:
     metadata = {"format": "pt", "crashsafe_step": str(step)}
     if not bf16:
         from safetensors.numpy import save_file

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -61,6 +62,27 @@ def test_export_writes_a_safetensors_file(ckpt: Path, tmp_path: Path) -> None:
     assert set(tensors) == {"w", "h"}  # --prefix strips the prefix (docs/integrations.md)
     assert torch.equal(tensors["w"], torch.full((4, 3), 5.0))
     assert tensors["h"].dtype == torch.bfloat16
+
+
+def test_export_refuses_a_target_it_must_not_replace(ckpt: Path, tmp_path: Path) -> None:
+    """safetensors writes a temporary file and renames it over the target, whatever that is: a file
+    of a committed step, the lock, a FIFO, /dev/null. Each is refused before anything is read."""
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "afile").write_text("x")
+    step = ckpt / f"step_{3:012d}"
+    for target, message in [
+        (step / "data.bin", "checkpoint directory's own entries"),
+        (ckpt / ".lock", "checkpoint directory's own entries"),
+        (step, "not a file"),
+        (tmp_path / "fifo", "not a file"),
+        (tmp_path, "not a file"),
+        (tmp_path / "nowhere" / "m.safetensors", "does not exist"),
+    ]:
+        result = runner.invoke(app, ["export", str(ckpt), "-o", str(target)])
+        assert result.exit_code == 2 and message in result.output, (target, result.output)
+    hf = runner.invoke(app, ["export", str(ckpt), "--hf-dir", str(tmp_path / "afile")])
+    assert hf.exit_code == 2 and "not a directory" in hf.output, hf.output
+    assert cs.verify(ckpt).ok and (tmp_path / "fifo").is_fifo()
 
 
 def test_gc_keeps_the_newest(ckpt: Path) -> None:
