@@ -84,7 +84,7 @@ def export_hf(
 def _read(
     directory: str | os.PathLike[str], step: int | None, storage_options: Mapping[str, Any] | None
 ) -> tuple[int, Manifest, list[np.ndarray[Any, Any]]]:
-    store = open_store(directory, storage_options=storage_options)
+    store = open_store(directory, storage_options=storage_options, existing=True)
     try:
         if step is None:
             steps = store.steps()

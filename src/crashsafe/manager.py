@@ -142,7 +142,7 @@ class CheckpointManager:
         self._collective = collective_for(process_group, coordination_timeout, self.mirror)
         if read_only:
             if self.mirror is None:
-                self._open(self.directory).close()  # it must exist
+                self._open(self.directory, existing=True).close()  # it must exist
             return
         try:
             if self._collective is None:
@@ -430,9 +430,9 @@ class CheckpointManager:
         if self._lock is not None:
             self._lock.check()
 
-    def _open(self, location: str, create: bool = False) -> Store:
+    def _open(self, location: str, create: bool = False, existing: bool = False) -> Store:
         options = self._storage_options if is_url(location) else None
-        return open_store(location, storage_options=options, create=create)
+        return open_store(location, storage_options=options, create=create, existing=existing)
 
     @contextlib.contextmanager
     def _reading(self) -> Iterator[list[Store]]:

@@ -69,7 +69,7 @@ def verify(
     ``progress`` is called with each step's report as it is done. A step deleted by a concurrent
     writer's retention while it is verified is left out of the report.
     """
-    store = open_store(directory, storage_options=storage_options)
+    store = open_store(directory, storage_options=storage_options, existing=True)
     try:
         with ChainReader(store, keep_references=True) as chains:
             reports = []

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 from typer.testing import CliRunner
 
 import crashsafe as cs
@@ -52,3 +53,23 @@ def test_verify_gc_show_and_export_take_urls(tmp_path: Path, bucket: str, option
     assert cs.CheckpointManager(url, storage_options=options, read_only=True).steps() == [4]
     bad = runner.invoke(app, ["verify", url, "--storage-options", "{not json"])
     assert bad.exit_code == 2 and "not valid JSON" in bad.output
+
+
+def test_a_url_that_leads_nowhere_is_an_error_not_an_empty_run(
+    tmp_path: Path, bucket: str, options: dict[str, Any]
+) -> None:
+    """A typo in a URL, a missing bucket or directory: `verify` said "all 0 steps intact" (exit 0, so
+    a CI check passed), `gc` created the directory, a reader listed no steps. Each now says the
+    location does not exist, and creates nothing."""
+    opts = ["--storage-options", json.dumps(options)]
+    for url, extra in [
+        (f"file://{tmp_path}/typo", []),
+        (f"s3://no-such-bucket-{bucket}/run", opts),
+        (f"s3://{bucket}/typo", opts),
+    ]:
+        for command in (["verify", url], ["gc", url], ["ls", url], ["show", url]):
+            result = runner.invoke(app, [*command, *extra])
+            assert result.exit_code == 2 and "does not exist" in result.output, (command, result.output)
+        with pytest.raises(cs.NoCheckpointError, match="does not exist"):
+            cs.CheckpointManager(url, storage_options=options if extra else None, read_only=True)
+    assert not (tmp_path / "typo").exists()

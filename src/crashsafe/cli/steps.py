@@ -52,7 +52,7 @@ ModeOpt = Annotated[
 
 def _verify_with_progress(location: str, options: dict[str, Any] | None) -> VerifyReport:
     try:
-        store = open_store(location, storage_options=options)
+        store = open_store(location, storage_options=options, existing=True)
         try:
             steps = store.steps()
         finally:
@@ -263,7 +263,7 @@ def gc_cmd(
     if not is_url(directory) and not Path(directory).is_dir():
         raise fail(f"{directory} is not a directory")
     try:  # opening as the writer removes torn leftovers; gc keeps every delta base a kept step needs
-        store = open_store(directory, storage_options=options)
+        store = open_store(directory, storage_options=options, existing=True)
         torn = store.leftovers()
         store.close()
         with CheckpointManager(directory, keep=keep, async_save=False, storage_options=options) as mgr:

@@ -85,6 +85,16 @@ class FsspecStore(Store):
         if create:
             self._call(lambda: self.fs.makedirs(self.root, exist_ok=True), f"creating {url}")
 
+    def require_root(self) -> None:
+        """NoCheckpointError unless something is stored under the root (or, for a bucket's root, the
+        bucket exists): for a reader, a URL that leads nowhere is a mistake, not an empty run."""
+        try:
+            self._call(lambda: self.fs.info(self.root), f"opening {self.location}")
+        except FileNotFoundError:
+            raise NoCheckpointError(
+                f"checkpoint location {self.location} does not exist (nothing is stored there); check the URL"
+            ) from None
+
     def background(self) -> Store:
         """The same location through an S3 client whose requests run on an event loop of its own,
         started by the calling thread (so at its CPU priority): the mirror's uploads then yield the

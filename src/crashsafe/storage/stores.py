@@ -22,14 +22,20 @@ def open_store(
     *,
     storage_options: Mapping[str, Any] | None = None,
     create: bool = False,
+    existing: bool = False,
 ) -> Store:
     """The store at ``location``: a plain path is a local directory (rename commits); a URL
     (``s3://``, ``gs://``, ``az://``, ``file://``, ``memory://``) is an fsspec store (manifest-last
-    commits), with ``storage_options`` passed to fsspec as they are."""
+    commits), with ``storage_options`` passed to fsspec as they are. A local directory must exist
+    unless ``create``; with ``existing`` a URL's must too (NoCheckpointError): a typo, a missing
+    bucket, is then not taken for an empty run."""
     if is_url(location):
         from crashsafe.storage.objectstore import FsspecStore
 
-        return FsspecStore(os.fspath(location), storage_options or {}, create=create)
+        store = FsspecStore(os.fspath(location), storage_options or {}, create=create)
+        if existing:
+            store.require_root()
+        return store
     if storage_options:
         where = os.fspath(location)
         raise ValueError(f"storage_options are for URLs (s3://...), but {where!r} is a local path")
