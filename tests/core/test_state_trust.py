@@ -328,6 +328,29 @@ def test_restore_refuses_a_read_only_live_array(tmp_path: Path) -> None:
             mgr.restore({"x": live})
 
 
+@pytest.mark.parametrize("kind", ["inference", "expanded"])
+def test_restore_refuses_a_live_tensor_it_cannot_write_before_changing_anything(
+    tmp_path: Path, kind: str
+) -> None:
+    """A tensor made under inference_mode, or an expanded one, cannot take the saved values; it is
+    refused with the rest of the state untouched. Both were found only while writing, after the
+    model, the array and (inference) the tensor itself had been overwritten."""
+    model = torch.nn.Linear(4, 3)
+    with cs.CheckpointManager(tmp_path) as mgr:
+        mgr.save(1, {"model": model, "a": np.arange(5.0), "t": torch.arange(6.0)})
+    if kind == "inference":
+        with torch.inference_mode():
+            t = torch.zeros(6)
+    else:
+        t = torch.zeros(1).expand(6)
+    live_model, a = torch.nn.Linear(4, 3), np.zeros(5)
+    before = [p.detach().clone() for p in live_model.parameters()]
+    with pytest.raises(cs.UnsupportedStateError, match=f"'t': the live tensor (was made under|is {kind})"):
+        cs.CheckpointManager(tmp_path, read_only=True).restore({"model": live_model, "a": a, "t": t})
+    assert all(torch.equal(p, b) for p, b in zip(live_model.parameters(), before, strict=True))
+    assert not a.any() and not t.any()
+
+
 # ---------------------------------------------------- 17. restore accepts what load_state_dict does
 
 

@@ -259,6 +259,25 @@ def _check_array(target: Any, saved: Any, where: str) -> None:
         raise UnsupportedStateError(
             f"state at '{where}': the live array is read-only; pass a writeable array to restore"
         )
+    if is_tensor(target):
+        _check_writable_tensor(target, where)
+
+
+def _check_writable_tensor(target: Any, where: str) -> None:
+    """Refuse, before anything changes, a live tensor restore cannot write into: one made under
+    ``torch.inference_mode()``, or an expanded one (elements sharing memory)."""
+    import torch
+
+    if target.is_inference() and not torch.is_inference_mode_enabled():
+        raise UnsupportedStateError(
+            f"state at '{where}': the live tensor was made under torch.inference_mode(), so it cannot be "
+            "written to; create it outside inference mode (or .clone() it there) before restoring"
+        )
+    if any(size > 1 and stride == 0 for size, stride in zip(target.shape, target.stride(), strict=True)):
+        raise UnsupportedStateError(
+            f"state at '{where}': the live tensor is expanded (its elements share memory), so the saved "
+            "values cannot go into it; give it memory of its own (.clone()) before restoring"
+        )
 
 
 def _copy_array(target: Any, saved: Any, where: str) -> Any:
