@@ -14,9 +14,10 @@ Safety: a payload found damaged in phase 2 has already changed live memory. Rest
 back to the next older step and restores it completely, so every tensor is written again and the
 live state ends wholly in the older step, never half old and half damaged. A step with no step left
 behind it to fall back to (the oldest one, or the step that ``step=`` names) is verified completely
-before its first byte goes into live memory, so its damage leaves the live state unchanged. One
-case remains: the newest step is damaged after it changed the live state, and every older one is
-damaged too; then nothing intact is left, and the error says the live state was changed.
+before its first byte goes into live memory, so its damage leaves the live state unchanged. Two
+cases remain, and the error says the live state was changed: the newest step is damaged after it
+changed the live state, and every older one is damaged too, or the intact one restore falls back to
+does not fit the live state (a key that step lacks).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any
 from crashsafe.chain import ChainReader
 from crashsafe.distributed.collective import Collective
 from crashsafe.distributed.shards import Targets, box_jobs, fill_from, live_targets, read_range
-from crashsafe.errors import CrashsafeError
+from crashsafe.errors import CrashsafeError, UnsupportedStateError
 from crashsafe.format.manifest import PayloadEntry
 from crashsafe.loading import array_ids, holding, newest, read_value, reading_error, state_of
 from crashsafe.state.inplace import Destination, live_destinations
@@ -80,7 +81,13 @@ def restore_into(
         else:
             found = newest(stores, attempt, stacklevel + 1)
     except CrashsafeError as exc:
-        if changes.made:
+        if changes.made and isinstance(exc, UnsupportedStateError):
+            exc.args = (
+                f"{exc} The live state was partly overwritten by a damaged newer step before its damage "
+                "was found, and the intact step restore fell back to does not fit it: rebuild the live "
+                "objects (model, optimizer) as that step was saved, then restore again.",
+            )
+        elif changes.made:
             exc.args = (
                 f"{exc} The live state was partly overwritten by a damaged step before its damage was "
                 "found, and no intact step was left to restore completely: rebuild the live objects "

@@ -154,6 +154,27 @@ def test_when_every_step_is_damaged_after_writing_the_error_says_the_live_state_
     assert "partly overwritten" in str(caught.value) and "rebuild the live objects" in str(caught.value)
 
 
+def test_a_fallback_step_that_does_not_fit_says_so(tmp_path: Path) -> None:
+    """Step 2 (which added a key) is damaged after it changed the live state; step 1, intact, lacks
+    that key, so it cannot be restored into it. The error said no intact step was left; it says the
+    step restore fell back to does not fit."""
+    with cs.CheckpointManager(tmp_path, keep_last=None, async_save=False) as mgr:
+        mgr.save(1, {"w": torch.full((1000,), 1.0)})
+        mgr.save(2, {"w": torch.full((1000,), 2.0), "ema": torch.full((1000,), 2.0)})
+    _flip(tmp_path, 2, "ema")
+    live = {"w": torch.zeros(1000), "ema": torch.zeros(1000)}
+    with (
+        cs.CheckpointManager(tmp_path, read_only=True) as mgr,
+        warnings.catch_warnings(),
+        pytest.raises(cs.UnsupportedStateError) as caught,
+    ):
+        warnings.simplefilter("ignore", cs.CorruptCheckpointWarning)
+        mgr.restore(live)
+    message = str(caught.value)
+    assert "'ema' is not in the checkpoint" in message and "partly overwritten" in message
+    assert "does not fit it" in message and "no intact step was left" not in message
+
+
 def test_restore_reads_into_the_live_tensors_memory(tmp_path: Path, writes: list[str]) -> None:
     """Plain tensors, parameters, buffers, optimizer moments and numpy arrays are read into place;
     what cannot be (another dtype's live value, a subclass) is copied in as before."""
