@@ -31,6 +31,7 @@ __all__ = [
     "ARRAY_NODES",
     "READ_ATTEMPTS",
     "array_ids",
+    "from_copies",
     "holding",
     "listed_steps",
     "newest",
@@ -95,6 +96,23 @@ def reading_error(exc: OSError, store: Store, step: int) -> CrashsafeError:
 def holding(stores: Sequence[Store], step: int) -> Store:
     """The first store (local tier first) that holds ``step``; the first one if none does."""
     return next((store for store in stores if step in store.steps()), stores[0])
+
+
+def from_copies(stores: Sequence[Store], step: int, read: Callable[[Store], _T], stacklevel: int = 2) -> _T:
+    """``read(store)`` of the first copy of ``step`` (local tier first) that reads intact: a damaged
+    copy falls back to the next tier's copy of the same step, with a warning. With no tier holding
+    it, the first store's error says the step is not committed."""
+    copies = [store for store in stores if step in store.steps()] or [stores[0]]
+    for store in copies[:-1]:
+        try:
+            return read(store)
+        except (CorruptCheckpointError, StorageError) as exc:
+            warnings.warn(
+                f"skipping a damaged copy: {exc}. Reading step {step} from the next tier.",
+                CorruptCheckpointWarning,
+                stacklevel=stacklevel + 1,
+            )
+    return read(copies[-1])
 
 
 def array_ids(node: Any) -> set[int]:

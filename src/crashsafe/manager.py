@@ -38,7 +38,7 @@ from crashsafe.errors import (
     UnsupportedStateError,
 )
 from crashsafe.format.manifest import MAX_STEP, Manifest
-from crashsafe.loading import holding, listed_steps, newest_intact, read_state
+from crashsafe.loading import from_copies, listed_steps, newest_intact, read_state
 from crashsafe.mapping import map_step
 from crashsafe.mirroring import Mirror
 from crashsafe.policies.base import EverySteps, SaveContext, SavePolicy
@@ -487,7 +487,7 @@ class CheckpointManager:
                 if not steps:
                     raise NoCheckpointError(f"no committed checkpoint in {self.directory}")
                 step = steps[-1]
-            return read_manifest(holding(stores, step), step)
+            return from_copies(stores, step, lambda store: read_manifest(store, step), stacklevel=4)
 
     def load(
         self,
@@ -539,7 +539,7 @@ class CheckpointManager:
             if mmap:
                 return map_step(stores, step, stacklevel=6)
             if step is not None:
-                return step, read_state(holding(stores, step), step, numpy)
+                return step, from_copies(stores, step, lambda store: read_state(store, step, numpy), 6)
             return newest_intact(stores, numpy, stacklevel=6)
 
         return self._read(load)

@@ -32,7 +32,7 @@ from crashsafe.distributed.collective import Collective
 from crashsafe.distributed.shards import Targets, box_jobs, fill_from, live_targets, read_range
 from crashsafe.errors import CrashsafeError, UnsupportedStateError
 from crashsafe.format.manifest import PayloadEntry
-from crashsafe.loading import array_ids, holding, newest, read_value, reading_error, state_of
+from crashsafe.loading import array_ids, from_copies, newest, read_value, reading_error, state_of
 from crashsafe.state.inplace import Destination, live_destinations
 from crashsafe.state.rebuild import apply_into, check_into
 from crashsafe.state.tree import flatten
@@ -77,7 +77,7 @@ def restore_into(
         if collective is not None:
             found = collective.first_intact(stores[0], step, lambda at, last: attempt(stores[0], at, last))
         elif step is not None:
-            found = (step, attempt(holding(stores, step), step, True))
+            found = (step, from_copies(stores, step, lambda copy: attempt(copy, step, True), stacklevel + 1))
         else:
             found = newest(stores, attempt, stacklevel + 1)
     except CrashsafeError as exc:

@@ -90,7 +90,7 @@ def test_a_damaged_local_step_falls_back_to_its_mirror_copy(
     mirror = f"s3://{bucket}/run"
     with cs.CheckpointManager(tmp_path / "local", mirror=mirror, storage_options=options) as mgr:
         for step in range(1, 3):
-            mgr.save(step, _state(step))
+            mgr.save(step, _state(step), metrics={"loss": step})
     data = step_dir(tmp_path / "local", 2) / "data.bin"
     raw = bytearray(data.read_bytes())
     raw[100] ^= 0xFF
@@ -100,6 +100,14 @@ def test_a_damaged_local_step_falls_back_to_its_mirror_copy(
     with pytest.warns(cs.CorruptCheckpointWarning, match="checksum"):
         assert reader.restore(live) == 2  # step 2 again, from the mirror
     _is(live, 2)
+    # so does a step asked for by number or as the best: they failed on the damaged local copy
+    for kwargs in ({"step": 2}, {"step": "best", "metric": "loss", "mode": "max"}):
+        live = _state(0)
+        with pytest.warns(cs.CorruptCheckpointWarning, match="Reading step 2 from the next tier"):
+            assert reader.restore(live, **kwargs) == 2
+        _is(live, 2)
+    with pytest.warns(cs.CorruptCheckpointWarning, match="next tier"):
+        _is(reader.load(2), 2)
 
 
 @pytest.fixture
