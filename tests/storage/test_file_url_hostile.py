@@ -135,3 +135,14 @@ def test_a_dangling_link_where_the_manifest_goes_creates_nothing_outside(tmp_pat
     with pytest.raises(FileExistsError):
         store.fs.pipe_file(store.path(step_name(3), "manifest.json"), b"{}", mode="create")
     assert not outside.exists()
+
+
+def test_a_file_where_the_location_belongs_is_a_clear_error(tmp_path: Path) -> None:
+    """As a location, or as its mirror: it raised a bare FileExistsError."""
+    (tmp_path / "afile").write_text("x")
+    for url in (f"file://{tmp_path}/afile", f"file://{tmp_path}/afile/run"):
+        with pytest.raises(cs.StorageError, match="a file stands where its directory"):
+            cs.CheckpointManager(url)
+        with pytest.raises(cs.StorageError, match="a file stands where its directory"):
+            cs.CheckpointManager(tmp_path / "local", mirror=url)
+    assert (tmp_path / "afile").read_text() == "x"

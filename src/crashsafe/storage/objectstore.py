@@ -83,7 +83,15 @@ class FsspecStore(Store):
         )
         self.lease_seconds = lease_seconds
         if create:
-            self._call(lambda: self.fs.makedirs(self.root, exist_ok=True), f"creating {url}")
+            try:
+                self._call(lambda: self.fs.makedirs(self.root, exist_ok=True), f"creating {url}")
+            except (FileExistsError, StorageError) as exc:
+                if isinstance(exc, StorageError) and not isinstance(exc.__cause__, NotADirectoryError):
+                    raise
+                raise StorageError(
+                    f"cannot create {url}: a file stands where its directory (or a parent) belongs; "
+                    "choose another location"
+                ) from None
 
     def require_root(self) -> None:
         """NoCheckpointError unless something is stored under the root (or, for a bucket's root, the
