@@ -6,10 +6,11 @@ so a caller passes a cache that keeps them across calls (as it does the delta ba
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, MutableMapping, Sequence
 
 from crashsafe.errors import CorruptCheckpointError, NoCheckpointError
-from crashsafe.format.manifest import Manifest
+from crashsafe.format.manifest import MAX_STEP, Manifest
 from crashsafe.policies.errors import PolicyError
 from crashsafe.policies.keep import UNKNOWN, Facts, Mode, StepFacts, check_metric, check_mode, ranked
 from crashsafe.storage.base import Store
@@ -99,4 +100,8 @@ def pick_step(
         return best(metric, mode)
     if metric is not None:
         raise PolicyError(f"metric= picks the step for step='best' only, but step={step!r}; drop one of them")
-    return step
+    if step is None:
+        return None
+    if isinstance(step, bool) or not isinstance(step, numbers.Integral) or not 0 <= step <= MAX_STEP:
+        raise PolicyError(f"step must be an int in [0, 2**63 - 1], None (the newest) or 'best', got {step!r}")
+    return int(step)

@@ -179,6 +179,11 @@ def test_best_step_reads_the_tiers_and_names_what_is_recorded(fast_dir: Path) ->
             mgr.load(step=2, metric="loss")
         with pytest.raises(PolicyError, match="None \\(the newest\\) or 'best', got 'latest'"):
             mgr.restore({"step": 0}, step="latest")
+        for bad in (True, 1.0, -1, 2**63):  # True restored step 1; 1.0 failed inside a format string
+            with pytest.raises(PolicyError, match=f"step must be an int .*, got {bad!r}"):
+                mgr.restore({"step": 0}, step=bad)  # type: ignore[arg-type]
+            with pytest.raises(PolicyError, match="step must be an int"):
+                mgr.load(step=bad)  # type: ignore[arg-type]
     assert (
         cs.CheckpointManager(fast_dir, read_only=True).load(step="best", metric="acc", mode="max")["step"]
         == 5
