@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from crashsafe.format.manifest import MAX_STEP
 from crashsafe.storage.stores import is_url
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "OptionsOpt",
     "StepOpt",
     "age",
+    "check_step",
     "command_group",
     "console",
     "emit_json",
@@ -32,13 +34,41 @@ __all__ = [
     "human_bytes",
     "parse_options",
     "progress_bar",
+    "step_option",
 ]
 
 console = Console()
 err = Console(stderr=True)
 
 Dir = Annotated[str, typer.Argument(help="checkpoint directory, or an fsspec URL such as s3://bucket/run")]
-StepOpt = Annotated[int | None, typer.Option("--step", "-s", help="step (default: newest intact)")]
+
+
+def check_step(value: int, option: str = "--step") -> int:
+    """``value`` if it can be a step number (0 to 2**63-1, as the format allows), else a clear exit 2:
+    a step outside that range could never be committed, and the format would refuse it mid-read."""
+    if not 0 <= value <= MAX_STEP:
+        raise fail(
+            f"{option} {value} is not a step number: steps are whole numbers from 0 to {MAX_STEP}; "
+            "`crashsafe ls DIR` lists the committed ones"
+        )
+    return value
+
+
+def step_option(param: typer.CallbackParam, value: int | None) -> int | None:
+    """The callback of a step option: :func:`check_step` under the option's own name."""
+    return None if value is None else check_step(value, param.opts[0] if param.opts else "--step")
+
+
+StepOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--step",
+        "-s",
+        callback=step_option,
+        help="step (default: the newest committed step, even a damaged one; `crashsafe ls` shows which "
+        "are intact)",
+    ),
+]
 OptionsOpt = Annotated[
     str | None,
     typer.Option(

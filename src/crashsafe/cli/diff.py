@@ -12,7 +12,16 @@ from typing import Annotated, Any
 import typer
 from rich.text import Text
 
-from crashsafe.cli._common import JsonOpt, OptionsOpt, console, emit_json, fail, parse_options
+from crashsafe.cli._common import (
+    JsonOpt,
+    OptionsOpt,
+    check_step,
+    console,
+    emit_json,
+    fail,
+    parse_options,
+    step_option,
+)
 from crashsafe.cli._tables import Cell, Column, print_table
 from crashsafe.diff import PathDiff, StepDiff, diff_steps
 from crashsafe.errors import CrashsafeError
@@ -36,10 +45,12 @@ def diff_cmd(
     second: Annotated[str, typer.Argument(metavar="A", help="step A, or DIR_B")],
     third: Annotated[str | None, typer.Argument(metavar="B", help="step B (with DIR A B)")] = None,
     step_a: Annotated[
-        int | None, typer.Option("--step-a", help="with DIR_A DIR_B: A's step (default: newest)")
+        int | None,
+        typer.Option("--step-a", callback=step_option, help="with DIR_A DIR_B: A's step (default: newest)"),
     ] = None,
     step_b: Annotated[
-        int | None, typer.Option("--step-b", help="with DIR_A DIR_B: B's step (default: newest)")
+        int | None,
+        typer.Option("--step-b", callback=step_option, help="with DIR_A DIR_B: B's step (default: newest)"),
     ] = None,
     prefix: Annotated[
         list[str] | None, typer.Option("--prefix", help="only paths starting with this (repeatable)")
@@ -55,7 +66,7 @@ def diff_cmd(
     if third is not None:
         if step_a is not None or step_b is not None:
             raise fail("--step-a/--step-b go with two directories; with DIR A B the steps are A and B")
-        where_a, where_b, step_a, step_b = first, first, _step(second), _step(third)
+        where_a, where_b, step_a, step_b = first, first, _step(second, "A"), _step(third, "B")
     else:
         where_a, where_b = first, second
     try:
@@ -81,13 +92,15 @@ def diff_cmd(
         raise typer.Exit(1)
 
 
-def _step(text: str) -> int:
+def _step(text: str, name: str) -> int:
+    """Step ``name`` (A or B) of ``crashsafe diff DIR A B``, checked as a step option is."""
     try:
-        return int(text)
+        step = int(text)
     except ValueError:
         raise fail(
             f"{text!r} is not a step number; use crashsafe diff DIR A B or crashsafe diff DIR_A DIR_B"
         ) from None
+    return check_step(step, f"step {name}")
 
 
 def _json_value(value: Any) -> Any:

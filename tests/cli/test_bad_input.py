@@ -1,0 +1,67 @@
+"""Bad input on the command line: a clear error that names the problem and the next step, exit 2, no
+traceback and no hang (each case found by an audit, where it was a traceback or a hang)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import crashsafe as cs
+
+from .conftest import Run, invoke_here
+
+_MAX_STEP = 2**63 - 1
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Three small numpy steps."""
+    directory = tmp_path_factory.mktemp("bad") / "run"
+    with cs.CheckpointManager(directory, keep_last=None) as mgr:
+        for step in (1, 2, 3):
+            mgr.save(step, {"w": np.arange(4.0) * step, "step": step})
+    return directory
+
+
+def _clear_error(run: Run, *words: str) -> str:
+    """The one-line stderr of a run that failed as the CLI fails on bad input (exit 2, no traceback)."""
+    text = " ".join(run.err.split())
+    assert run.code == 2, (run.code, run.out, run.err)
+    assert text.startswith("error:") and "Traceback" not in run.err and not run.out, run.err
+    for word in words:
+        assert word in text, text
+    return text
+
+
+@pytest.mark.parametrize(
+    ("args", "option", "value"),
+    [
+        (["show", "{d}", "--step", "-1"], "--step", "-1"),
+        (["show", "{d}", "-s", str(10**23)], "--step", str(10**23)),
+        (["export", "{d}", "-o", "{o}", "--step", "-5"], "--step", "-5"),
+        (["export", "{d}", "-o", "{o}", "--step", str(_MAX_STEP + 1)], "--step", str(_MAX_STEP + 1)),
+        (["diff", "{d}", "--", "-1", "2"], "step A", "-1"),
+        (["diff", "{d}", "1", str(2**64)], "step B", str(2**64)),
+        (["diff", "{d}", "{d}", "--step-a", "-1"], "--step-a", "-1"),
+        (["diff", "{d}", "{d}", "--step-b", str(2**63)], "--step-b", str(2**63)),
+    ],
+)
+def test_a_step_outside_0_to_2_63_is_a_clear_error(
+    ckpt: Path, tmp_path: Path, args: list[str], option: str, value: str
+) -> None:
+    """It was a ValueError traceback from the format's step names (exit 1)."""
+    run = invoke_here(*(a.format(d=ckpt, o=tmp_path / "x.safetensors") for a in args))
+    _clear_error(run, f"{option} {value} is not a step number", str(_MAX_STEP), "crashsafe ls")
+    assert not (tmp_path / "x.safetensors").exists()
+    assert invoke_here("show", str(ckpt), "--step", "0").code == 2  # in range, not committed: as before
+    assert invoke_here("show", str(ckpt), "--step", "2").code == 0
+
+
+def test_the_step_help_says_the_default_may_be_a_damaged_step(ckpt: Path) -> None:
+    """show and export read the newest step even when it is damaged; the help said 'newest intact'."""
+    for command in ("show", "export"):
+        text = " ".join(invoke_here(command, "--help").out.replace("│", " ").split())
+        assert "newest intact" not in text
+        assert "the newest committed step, even a damaged one" in text
