@@ -3,6 +3,7 @@ traceback and no hang (each case found by an audit, where it was a traceback or 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -65,3 +66,16 @@ def test_the_step_help_says_the_default_may_be_a_damaged_step(ckpt: Path) -> Non
         text = " ".join(invoke_here(command, "--help").out.replace("│", " ").split())
         assert "newest intact" not in text
         assert "the newest committed step, even a damaged one" in text
+
+
+@pytest.mark.parametrize("kind", ["file", "fifo"])
+@pytest.mark.parametrize("command", ["ls", "show", "verify"])
+def test_a_file_or_fifo_as_the_checkpoint_directory_says_so(tmp_path: Path, kind: str, command: str) -> None:
+    """It said '[Errno 20] I/O error while opening the checkpoint directory ...: Not a directory'."""
+    path = tmp_path / "notadir"
+    if kind == "file":
+        path.write_text("x")
+    else:
+        os.mkfifo(path)
+    text = _clear_error(invoke_here(command, str(path)), f"{path} is not a directory", "checkpoint directory")
+    assert "Errno" not in text and "I/O error" not in text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import os
 from collections.abc import Callable
 
 from crashsafe.errors import DiskFullError, StorageError
@@ -29,6 +30,8 @@ def storage_error(exc: OSError, doing: str, still_there: Callable[[], bool] | No
             f"no space left on the device while {doing}. Free space or lower keep_last; committed "
             "checkpoints are intact",
         )
+    if exc.errno == errno.ENOTDIR:
+        return _not_a_directory(exc, doing)
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return StorageError(
             exc.errno,
@@ -38,3 +41,15 @@ def storage_error(exc: OSError, doing: str, still_there: Callable[[], bool] | No
     return StorageError(
         exc.errno, f"I/O error while {doing}: {exc.strerror or exc}. Committed checkpoints are intact"
     )
+
+
+def _not_a_directory(exc: OSError, doing: str) -> StorageError:
+    """ENOTDIR said plainly: the path (or a folder on the way to it) is a file, FIFO or device, where
+    a directory must be; "[Errno 20] I/O error ... Not a directory" hid that. The errno stays set."""
+    where = "a path there" if exc.filename is None else os.fsdecode(exc.filename)
+    error = StorageError(
+        f"{where} is not a directory (it, or a folder on the way to it, is a file, FIFO or device); met "
+        f"while {doing}. Give the checkpoint directory itself, the one the run saves into"
+    )
+    error.errno = errno.ENOTDIR
+    return error
