@@ -79,3 +79,24 @@ def test_a_file_or_fifo_as_the_checkpoint_directory_says_so(tmp_path: Path, kind
         os.mkfifo(path)
     text = _clear_error(invoke_here(command, str(path)), f"{path} is not a directory", "checkpoint directory")
     assert "Errno" not in text and "I/O error" not in text
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--codec", "bogus"], ["unknown codec 'bogus'", "known codecs"]),
+        (["--kills", "-1"], ["--kills -1", "0 or more"]),
+        (["--steps", "0"], ["--steps 0", "at least 1 step"]),
+        (["--steps", "0", "--kills", "0"], ["--steps 0", "at least 1 step"]),
+        (["--steps", "12", "--kills", "3"], ["--kills 3 needs --steps 14 or more"]),
+        (["--directory", "{file}"], ["exists and is not a directory", "--directory"]),
+        (["--directory", "{file}/work"], ["cannot prepare the demo's work directory", "Not a directory"]),
+    ],
+)
+def test_demo_refuses_bad_options_before_training(tmp_path: Path, args: list[str], words: list[str]) -> None:
+    """A CodecError, NotADirectoryError, ValueError (random.sample) or NoCheckpointError traceback."""
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    run = invoke_here("demo", *(a.format(file=afile) for a in args))
+    _clear_error(run, *words)
+    assert afile.read_text() == "x" and sorted(p.name for p in tmp_path.iterdir()) == ["afile"]

@@ -122,7 +122,10 @@ def demo_cmd(
     """Train a CNN on digits, SIGKILL it at random moments, resume, and compare bit for bit."""
     from crashsafe.cli.demo import run_demo
 
-    ok = run_demo(directory=directory, kills=kills, steps=steps, seed=seed, codec=codec, console=console)
+    try:
+        ok = run_demo(directory=directory, kills=kills, steps=steps, seed=seed, codec=codec, console=console)
+    except CrashsafeError as exc:
+        raise fail(str(exc)) from None
     if not ok:
         raise typer.Exit(1)
 

@@ -21,9 +21,10 @@ from rich.console import Console
 
 from crashsafe.cli._common import progress_bar
 from crashsafe.cli._tables import Column, print_table
+from crashsafe.errors import CrashsafeError
 from crashsafe.workloads.supervisor import AtSteps, KillRun, spawn, supervise
 
-__all__ = ["compare_final", "run_demo", "run_supervised"]
+__all__ = ["check_demo", "compare_final", "run_demo", "run_supervised"]
 
 _RUNS = ("killed", "reference")  # the demo's two runs, each in its own subdirectory of the work dir
 
@@ -91,6 +92,32 @@ def compare_final(a: Path, b: Path) -> tuple[bool, float, int]:
     return result.identical, result.max_abs, len(result.paths)
 
 
+def check_demo(*, directory: Path | None, kills: int, steps: int, codec: str, every: int = 10) -> bool:
+    """Refuse options the demo cannot run with, before it starts anything (CrashsafeError, CodecError
+    for an unknown codec): at least 1 step, kills at distinct steps from ``every`` to ``steps - 2``,
+    a work directory that is (or can be) a directory. Returns whether ``codec`` is lossy."""
+    from crashsafe.codecs.registry import get_codec
+
+    if steps < 1:
+        raise CrashsafeError(f"--steps {steps}: the demo trains at least 1 step; try --steps 600")
+    if kills < 0:
+        raise CrashsafeError(f"--kills {kills}: the number of SIGKILLs is 0 or more; try --kills 3")
+    if kills > steps - 1 - every:  # kills land at distinct steps in range(every, steps - 1)
+        raise CrashsafeError(
+            f"--kills {kills} needs --steps {kills + every + 1} or more (the kills land at distinct steps "
+            f"from {every} to --steps minus 2); raise --steps or lower --kills"
+        )
+    lossy = get_codec(codec).lossy
+    if directory is not None:
+        for path in (directory, *(directory / name for name in _RUNS)):
+            if path.exists() and not path.is_dir():
+                raise CrashsafeError(
+                    f"--directory: {path} exists and is not a directory; pass a new or empty folder, or "
+                    "leave --directory out for a temporary one"
+                )
+    return lossy
+
+
 def run_demo(
     *,
     directory: Path | None,
@@ -106,9 +133,7 @@ def run_demo(
     Returns whether the final states agree (bit for bit, or within a lossy codec's error). Files go
     to ``directory``, or to a temporary directory removed at the end unless something went wrong.
     """
-    from crashsafe.codecs.registry import get_codec
-
-    lossy = get_codec(codec).lossy
+    lossy = check_demo(directory=directory, kills=kills, steps=steps, codec=codec, every=every)
     temporary = directory is None
     work = Path(tempfile.mkdtemp(prefix="crashsafe-demo-")) if directory is None else directory
     killed_dir, ref_dir = (work / name for name in _RUNS)
@@ -118,10 +143,7 @@ def run_demo(
             "from them. Pass a new --directory, or delete its killed/ and reference/ directories."
         )
         return False
-    for d in (killed_dir, ref_dir):
-        d.mkdir(parents=True, exist_ok=True)
-        for stale in ("events.jsonl", "trainer.log"):
-            (d / stale).unlink(missing_ok=True)
+    _make_runs(killed_dir, ref_dir)
     plural = "" if kills == 1 else "s"
     console.print(
         f"[bold]crashsafe demo[/]: digits CNN (scikit-learn's bundled 8x8 digits), {steps} steps, "
@@ -141,6 +163,21 @@ def run_demo(
     elif not ok:
         console.print(f"files kept in {work}")
     return ok
+
+
+def _make_runs(*runs: Path) -> None:
+    """Create each run's directory, without the events and log of an earlier demo; a directory that
+    cannot be made (no permission, a file on the way) is a CrashsafeError naming it."""
+    for d in runs:
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            for stale in ("events.jsonl", "trainer.log"):
+                (d / stale).unlink(missing_ok=True)
+        except OSError as exc:
+            raise CrashsafeError(
+                f"cannot prepare the demo's work directory {d}: {exc.strerror or exc}; pass --directory "
+                "a folder you can write, or leave it out for a temporary one"
+            ) from None
 
 
 def _train_and_compare(
