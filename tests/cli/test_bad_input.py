@@ -11,7 +11,7 @@ import pytest
 
 import crashsafe as cs
 
-from .conftest import Run, invoke_here
+from .conftest import Run, invoke, invoke_here
 
 _MAX_STEP = 2**63 - 1
 
@@ -100,3 +100,38 @@ def test_demo_refuses_bad_options_before_training(tmp_path: Path, args: list[str
     run = invoke_here("demo", *(a.format(file=afile) for a in args))
     _clear_error(run, *words)
     assert afile.read_text() == "x" and sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
+_SIMULATE = ("simulate", "--mtbf", "4h", "--ckpt-cost", "30s", "--trials", "20", "--steps", "300")
+
+
+def test_simulate_refuses_a_fifo_as_its_loss_curve_or_trace(tmp_path: Path) -> None:
+    """A blocking open of the FIFO waited forever for a writer (in a subprocess, so the old code
+    fails the test by its timeout rather than hang the run)."""
+    fifo = tmp_path / "pipe.csv"
+    os.mkfifo(fifo)
+    plot = str(tmp_path / "p.png")
+    curve = invoke(*_SIMULATE, "--job", "1h", "--loss-curve", str(fifo), "--plot", plot, timeout=60)
+    _clear_error(curve, f"loss curve {fifo} is not a regular file")
+    trace = invoke(*_SIMULATE, "--failures", f"trace:{fifo}", "--plot", plot, timeout=60)
+    _clear_error(trace, f"failure trace {fifo} is not a regular file")
+    assert not (tmp_path / "p.png").exists()
+
+
+def test_simulate_refuses_a_plot_target_it_cannot_or_must_not_write(tmp_path: Path) -> None:
+    """A missing folder was a FileNotFoundError traceback after the whole simulation; a FIFO was
+    opened for writing (a hang, or io.UnsupportedOperation); a directory made matplotlib write
+    DIR.png while the command said it wrote DIR."""
+    fifo, folder = tmp_path / "fifo.png", tmp_path / "plots"
+    os.mkfifo(fifo)
+    folder.mkdir()
+    missing = invoke(*_SIMULATE, "--plot", str(tmp_path / "nodir" / "p.png"), timeout=60)
+    _clear_error(missing, "nodir is not an existing folder", "create it")
+    _clear_error(invoke(*_SIMULATE, "--plot", str(fifo), timeout=60), "is not a regular file")
+    _clear_error(invoke(*_SIMULATE, "--plot", str(folder), timeout=60), f"e.g. {folder / 'simulate.png'}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo.png", "plots"] and not any(folder.iterdir())
+    bare = tmp_path / "plot"  # no suffix: written where asked, not at plot.png
+    done = invoke(*_SIMULATE, "--plot", str(bare), timeout=60)
+    assert done.code == 0, done.err
+    assert bare.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"wrote the plot to {bare}" in " ".join(done.out.split())

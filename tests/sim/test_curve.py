@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import math
+import os
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from crashsafe.policies import ConvergenceAware, EverySteps, Young, young_interval
-from crashsafe.sim import FixedSteps, LossCurve, Plateau, Profile, SimulationError, TargetLoss, replay
+from crashsafe.sim import FixedSteps, LossCurve, Plateau, Profile, SimulationError, TargetLoss, Trace, replay
 
 
 def test_csv_round_trip_and_step_time(tmp_path: Path) -> None:
@@ -31,7 +34,8 @@ def test_csv_with_gaps_is_interpolated(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [("step,acc\n1,0.5\n", "'loss' column"), ("step,loss\n2,1\n1,0.5\n", "increase"),
-     ("loss\n1\nabc\n", "not a number"), ("loss,time\n1,5\n0.5,4\n", "time")],
+     ("loss\n1\nabc\n", "not a number"), ("loss,time\n1,5\n0.5,4\n", "time"),
+     ("step,loss\n1,2\ninf,1\n", "finite"), ("step,loss\n1,2\n1e11,1\n", "at most")],
 )
 def test_bad_csv(tmp_path: Path, text: str, message: str) -> None:
     (tmp_path / "bad.csv").write_text(text)
@@ -39,6 +43,59 @@ def test_bad_csv(tmp_path: Path, text: str, message: str) -> None:
         LossCurve.from_csv(tmp_path / "bad.csv")
     with pytest.raises(SimulationError, match="cannot read"):
         LossCurve.from_csv(tmp_path / "missing.csv")
+
+
+def _refused_at_once(read: Callable[[], object], fifo: Path) -> BaseException | None:
+    """What ``read()`` raised, if it returned within 10 s; a read still waiting on the FIFO fails the
+    test, and is then released by opening and closing the FIFO's writing end (so no thread is left)."""
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            read()
+            outcome.append(None)
+        except BaseException as exc:  # handed to the test
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(10)
+    if thread.is_alive():
+        os.close(os.open(fifo, os.O_WRONLY))  # the reader gets EOF
+        thread.join(10)
+        pytest.fail(f"reading the FIFO {fifo} waited for a writer")
+    return outcome[0]
+
+
+def test_a_fifo_device_or_directory_is_refused_at_once(tmp_path: Path) -> None:
+    """A loss curve or failure trace is read only from a regular file: a FIFO's open would wait for a
+    writer forever (found by an audit: `crashsafe simulate --loss-curve FIFO` hung)."""
+    fifo = tmp_path / "pipe.csv"
+    os.mkfifo(fifo)
+    for read in (lambda: LossCurve.from_csv(fifo), lambda: Trace.from_file(fifo)):
+        error = _refused_at_once(read, fifo)
+        assert isinstance(error, SimulationError) and "not a regular file" in str(error)
+    for path in (tmp_path, Path("/dev/zero")):
+        with pytest.raises(SimulationError, match="not a regular file"):
+            LossCurve.from_csv(path)
+        with pytest.raises(SimulationError, match="not a regular file"):
+            Trace.from_file(path)
+
+
+def test_an_oversized_or_binary_file_is_refused(tmp_path: Path) -> None:
+    big = tmp_path / "big.csv"
+    with big.open("wb") as f:
+        f.write(b"loss\n1\n")
+        f.truncate((256 << 20) + 1)  # one byte over the bound; sparse: no disk used
+    with pytest.raises(SimulationError, match="larger than 256 MiB"):
+        LossCurve.from_csv(big)
+    with pytest.raises(SimulationError, match="larger than 256 MiB"):
+        Trace.from_file(big)
+    (tmp_path / "bin.csv").write_bytes(b"loss\n\xff\xfe\n")
+    with pytest.raises(SimulationError, match="not UTF-8"):
+        LossCurve.from_csv(tmp_path / "bin.csv")
+    (tmp_path / "bom.csv").write_bytes(b"\xef\xbb\xbfloss\n1\n0.5\n")  # a spreadsheet's CSV
+    assert LossCurve.from_csv(tmp_path / "bom.csv").steps == 2
 
 
 def test_smooth_is_monotone_and_nan_steps_carry_the_last_loss() -> None:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+import os
+import stat
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -58,8 +61,8 @@ def simulate_cmd(
     from crashsafe.errors import CrashsafeError
     from crashsafe.policies import PolicyWarning, policy_from_name
     from crashsafe.sim import paired_ratio, simulate
-    from crashsafe.sim.plot import plot_comparison
 
+    _check_plot(plot)
     try:
         profile = _profile(loss_curve, job, ckpt_cost, persist, restart, steps)
         end_rule, failure_model = _end_rule(end), _failures(failures, mtbf)
@@ -80,7 +83,7 @@ def simulate_cmd(
         raise fail(str(exc)) from None
 
     compute_h = results[0].outcomes.compute / 3600.0
-    plot_comparison(results, profile, plot, title=f"MTBF {mtbf}, checkpoint {ckpt_cost}")
+    _save_plot(results, profile, plot, title=f"MTBF {mtbf}, checkpoint {ckpt_cost}")
     if as_json:
         emit_json(
             {
@@ -134,6 +137,55 @@ def simulate_cmd(
         "vs 1st = paired ratio"
     )
     console.print(f"wrote the plot to {plot.resolve()}")
+
+
+def _check_plot(path: Path) -> None:
+    """Refuse a --plot target before simulating: a missing folder, or something there that is not a
+    regular file (a directory, FIFO or device), which the plot must never go into or replace."""
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        if not path.parent.is_dir():
+            raise fail(f"--plot {path}: {path.parent} is not an existing folder; create it first") from None
+        return
+    except OSError as exc:
+        raise fail(f"--plot {path}: {exc.strerror or exc}; give another path for the PNG") from None
+    if not stat.S_ISREG(mode):
+        raise fail(
+            f"--plot {path} is not a regular file (a directory, FIFO or device); give a file path for the "
+            f"PNG, e.g. {path / 'simulate.png' if stat.S_ISDIR(mode) else 'simulate.png'}"
+        )
+
+
+def _save_plot(results: list[SimResult], profile: Profile, path: Path, title: str) -> None:
+    """Render the PNG, then write it to ``path`` exactly (matplotlib alone would add '.png' to a
+    name without one, and follow its own rules for other suffixes)."""
+    from crashsafe.sim.plot import plot_comparison
+
+    with tempfile.TemporaryDirectory(prefix="crashsafe-plot-") as scratch:
+        rendered = Path(scratch) / "plot.png"
+        plot_comparison(results, profile, rendered, title=title)
+        _write_regular(path, rendered.read_bytes())
+
+
+def _write_regular(path: Path, data: bytes) -> None:
+    """Write ``data`` to the regular file at ``path`` (created if missing). The file is opened
+    without waiting and checked before a byte is written: a FIFO or device is refused untouched."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise fail(f"cannot write the plot to {path}: {exc.strerror}; give another --plot path") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise fail(f"--plot {path} is not a regular file (a FIFO or device); give a file path for it")
+        os.ftruncate(fd, 0)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    except OSError as exc:
+        raise fail(f"cannot write the plot to {path}: {exc.strerror}; give another --plot path") from None
+    finally:
+        os.close(fd)
 
 
 def _policy_json(result: SimResult, first: SimResult) -> dict[str, Any]:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import csv
+import io
 import math
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -12,7 +14,49 @@ import numpy as np
 
 from crashsafe.sim.errors import SimulationError
 
-__all__ = ["LossCurve"]
+__all__ = ["MAX_FILE_BYTES", "MAX_STEPS", "LossCurve", "read_text_file"]
+
+MAX_FILE_BYTES = 256 << 20  # a loss curve or failure trace larger than this is not one the simulator needs
+MAX_STEPS = 10_000_000  # a recorded curve spans at most this many steps (its arrays are ~80 MB each)
+
+
+def read_text_file(path: Path, what: str) -> str:
+    """The UTF-8 text of the regular file at ``path`` (``what`` it is, for messages), at most
+    :data:`MAX_FILE_BYTES`. A FIFO, device or directory is refused at once: a blocking open of a FIFO
+    would wait forever for a writer, and a device could be read forever."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise SimulationError(f"cannot read {what} {path}: {exc.strerror or exc}; check the path") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise SimulationError(
+                f"{what} {path} is not a regular file (a FIFO, device or directory); give a file's path"
+            )
+        data = _read_bounded(fd, path, what)
+    finally:
+        os.close(fd)
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise SimulationError(f"{what} {path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+
+
+def _read_bounded(fd: int, path: Path, what: str) -> bytes:
+    """All of ``fd`` if it holds at most :data:`MAX_FILE_BYTES`, else a SimulationError."""
+    chunks, size = [], 0
+    try:
+        while chunk := os.read(fd, min(1 << 24, MAX_FILE_BYTES + 1 - size)):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > MAX_FILE_BYTES:
+                raise SimulationError(
+                    f"{what} {path} is larger than {MAX_FILE_BYTES >> 20} MiB; the simulator needs far "
+                    "less: keep every k-th row (rows may skip steps) or the part of the run to study"
+                )
+    except OSError as exc:
+        raise SimulationError(f"cannot read {what} {path}: {exc.strerror or exc}; check the path") from None
+    return b"".join(chunks)
 
 
 @dataclass(frozen=True)
@@ -86,10 +130,9 @@ class LossCurve:
         """
         path = Path(path)
         try:
-            with path.open(newline="") as handle:
-                rows = list(csv.DictReader(handle))
-        except OSError as exc:
-            raise SimulationError(f"cannot read loss curve {path}: {exc.strerror or exc}") from None
+            rows = list(csv.DictReader(io.StringIO(read_text_file(path, "loss curve"), newline="")))
+        except csv.Error as exc:
+            raise SimulationError(f"{path} is not a CSV file ({exc}); write one row per step") from None
         if not rows or "loss" not in rows[0]:
             raise SimulationError(
                 f"{path} needs a header with a 'loss' column (and optionally 'step', 'time'); "
@@ -102,8 +145,13 @@ class LossCurve:
             times = np.array([float(r["time"]) for r in rows]) if "time" in rows[0] else None
         except (TypeError, ValueError) as exc:
             raise SimulationError(f"{path}: a value is not a number ({exc})") from None
-        if np.any(np.diff(step) <= 0):
-            raise SimulationError(f"{path}: the 'step' column must increase strictly")
+        if not np.all(np.isfinite(step)) or np.any(np.diff(step) <= 0):
+            raise SimulationError(f"{path}: the 'step' column must be finite and increase strictly")
+        if step[-1] - step[0] >= MAX_STEPS:
+            raise SimulationError(
+                f"{path} spans {step[-1] - step[0] + 1:.0f} steps; the simulator takes at most {MAX_STEPS}: "
+                "count the steps in larger units (e.g. thousands), with the 'time' column to match"
+            )
         every = np.arange(int(step[0]), int(step[-1]) + 1, dtype=np.float64)
         good = np.isfinite(loss)
         losses = np.interp(every, step[good], loss[good]) if good.any() else loss

@@ -17,6 +17,7 @@ from typing import Protocol
 import numpy as np
 
 from crashsafe._units import UnitError, parse_duration
+from crashsafe.sim.curve import read_text_file
 from crashsafe.sim.errors import SimulationError
 
 __all__ = ["Exponential", "FailureModel", "Trace", "Weibull"]
@@ -129,10 +130,7 @@ class Trace:
     def from_file(cls, path: str | os.PathLike[str], randomize: bool = True) -> Trace:
         """One failure time per line (first comma-separated field; seconds or '3h'); '#' comments."""
         path = Path(path)
-        try:
-            lines = path.read_text().splitlines()
-        except OSError as exc:
-            raise SimulationError(f"cannot read failure trace {path}: {exc.strerror or exc}") from None
+        lines = read_text_file(path, "failure trace").splitlines()
         times = []
         for number, line in enumerate(lines, start=1):
             field = line.split("#", 1)[0].split(",", 1)[0].strip()
