@@ -66,3 +66,19 @@ def test_inspect_reports_damage_and_refuses_foreign_files(shm_dir: Path) -> None
     foreign.write_bytes(b"hello" * 2000)
     result = runner.invoke(app, ["shelf", "inspect", str(foreign)])
     assert result.exit_code == 2 and "not a crashsafe shelf" in " ".join(result.output.split())
+
+
+def test_inspect_of_a_truncated_shelf_is_a_clear_error(shm_dir: Path) -> None:
+    """The metadata check failed while slices of the mapping were alive in the error's traceback, so
+    closing the mapping raised BufferError ('cannot close exported pointers exist') over it: exit 1
+    and a traceback (found by an audit)."""
+    path = shm_dir / "s"
+    with Shelf(path, size="1MiB") as shelf:
+        shelf["a"] = np.arange(1000.0)
+        shelf["it"] = 5
+    with open(path, "r+b") as f:
+        f.truncate(6000)
+    result = runner.invoke(app, ["shelf", "inspect", str(path)], catch_exceptions=False)
+    out = " ".join(result.output.split())
+    assert result.exit_code == 2, out
+    assert out.startswith("error:") and "damaged" in out and "Restore it from a copy" in out

@@ -14,6 +14,7 @@ from typing import Any
 
 import xxhash
 
+from crashsafe.errors import CrashsafeError
 from crashsafe.shelf import recovery
 from crashsafe.shelf.alloc import reserved
 from crashsafe.shelf.arena import open_regular
@@ -86,11 +87,23 @@ def inspect_shelf(
     finally:
         os.close(fd)
     with mapped:
-        buf = memoryview(mapped)
-        try:
-            return _report(path, buf, length, verify, progress)
-        finally:
-            buf.release()
+        return _report_mapped(path, mapped, length, verify, progress)
+
+
+def _report_mapped(
+    path: Path, mapped: mmap.mmap, length: int, verify: bool, progress: Callable[[int, int], None] | None
+) -> ShelfReport:
+    """:func:`_report` on the mapping. A shelf error leaves without its traceback: the frames in it
+    hold slices of the mapping, which would make closing it fail with BufferError ("cannot close
+    exported pointers exist") in place of the error that says what is wrong with the file."""
+    buf = memoryview(mapped)
+    try:
+        return _report(path, buf, length, verify, progress)
+    except CrashsafeError as exc:
+        exc.__context__ = exc.__cause__ = None  # an exception it was raised from holds frames too
+        raise exc.with_traceback(None) from None
+    finally:
+        buf.release()
 
 
 def _report(
