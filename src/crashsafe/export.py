@@ -64,7 +64,7 @@ def export_hf(
     out = Path(folder)
     if out.exists() and not out.is_dir():
         raise CrashsafeError(f"{out} exists and is not a directory; give a folder for --hf-dir")
-    _check_output(out / "model.safetensors", directory)
+    _check_output(out / "model.safetensors", directory, folder_made_here=True)
     found, manifest, arrays = _read(directory, step, storage_options)
     tensors, bf16 = _tensors(manifest, arrays, prefix, False, progress)
     try:
@@ -144,14 +144,14 @@ def _tensors(
     return tensors, bf16
 
 
-def _check_output(output: Path, directory: str | os.PathLike[str]) -> None:
+def _check_output(output: Path, directory: str | os.PathLike[str], folder_made_here: bool = False) -> None:
     """Refuse, before reading anything, a file to export to that is not one (a directory, a FIFO, a
     device: safetensors would replace it with a file) or is a local checkpoint directory's own entry
     (a step, the lock, a temporary) or inside one. An existing regular file is replaced, as ``cp``
-    replaces one."""
+    replaces one. Its folder must exist, unless ``folder_made_here`` (``--hf-dir`` makes it)."""
     if output.is_dir() or (output.exists() and not output.is_file()):
         raise CrashsafeError(f"{output} is a directory, a FIFO or a device, not a file; give a file path")
-    if not output.parent.is_dir():
+    if not folder_made_here and not output.parent.is_dir():
         raise CrashsafeError(f"the directory of {output} does not exist; create it first")
     root = Path(directory).resolve() if "://" not in str(directory) else None
     where = output.parent.resolve() / output.name
