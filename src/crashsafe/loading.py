@@ -8,8 +8,9 @@ reader beside a writer always ends on a whole step.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from crashsafe.chain import ChainReader
@@ -36,9 +37,11 @@ __all__ = [
     "listed_steps",
     "newest",
     "newest_intact",
+    "on_damage",
     "read_state",
     "read_value",
     "reading_error",
+    "skip_damaged",
     "state_of",
 ]
 
@@ -98,6 +101,31 @@ def holding(stores: Sequence[Store], step: int) -> Store:
     return next((store for store in stores if step in store.steps()), stores[0])
 
 
+_skipped = 0  # damaged steps skipped by reads in this process, for writers' delta chains
+
+
+def skip_damaged(message: str, stacklevel: int = 2) -> None:
+    """Warn that a read skipped a damaged step (a CorruptCheckpointWarning), and count it: a writer
+    whose delta chains may run through that step then starts new ones (:func:`on_damage`)."""
+    global _skipped
+    _skipped += 1
+    warnings.warn(message, CorruptCheckpointWarning, stacklevel=stacklevel + 1)
+
+
+@contextlib.contextmanager
+def on_damage(reset: Callable[[], None]) -> Iterator[None]:
+    """Call ``reset`` if the reads inside find a damaged step, raised or skipped (counted by
+    :func:`skip_damaged`): a writer then starts new delta chains, never one through the damage."""
+    skipped = _skipped
+    try:
+        yield
+    except CorruptCheckpointError:
+        reset()
+        raise
+    if _skipped != skipped:
+        reset()
+
+
 def from_copies(stores: Sequence[Store], step: int, read: Callable[[Store], _T], stacklevel: int = 2) -> _T:
     """``read(store)`` of the first copy of ``step`` (local tier first) that reads intact: a damaged
     copy falls back to the next tier's copy of the same step, with a warning. With no tier holding
@@ -107,11 +135,8 @@ def from_copies(stores: Sequence[Store], step: int, read: Callable[[Store], _T],
         try:
             return read(store)
         except (CorruptCheckpointError, StorageError) as exc:
-            warnings.warn(
-                f"skipping a damaged copy: {exc}. Reading step {step} from the next tier.",
-                CorruptCheckpointWarning,
-                stacklevel=stacklevel + 1,
-            )
+            message = f"skipping a damaged copy: {exc}. Reading step {step} from the next tier."
+            skip_damaged(message, stacklevel + 1)
     return read(copies[-1])
 
 
@@ -178,11 +203,8 @@ def newest(
                 return step, read(stores[-tier], step, last)
             except (CorruptCheckpointError, StorageError) as exc:
                 damage[step, tier] = str(exc)
-                warnings.warn(
-                    f"skipping damaged checkpoint: {exc}. Falling back to an older step.",
-                    CorruptCheckpointWarning,
-                    stacklevel=stacklevel + 1,
-                )
+                message = f"skipping damaged checkpoint: {exc}. Falling back to an older step."
+                skip_damaged(message, stacklevel + 1)
             except NoCheckpointError:
                 vanished = True  # deleted by the writer's retention while we read it
         if not vanished:

@@ -29,7 +29,6 @@ from crashsafe.distributed.saving import save_step as save_collective
 from crashsafe.encoding import CodecSpec, SavePlanner
 from crashsafe.errors import (
     CheckpointExistsError,
-    CorruptCheckpointError,
     CorruptCheckpointWarning,
     CrashsafeError,
     NoCheckpointError,
@@ -38,7 +37,7 @@ from crashsafe.errors import (
     UnsupportedStateError,
 )
 from crashsafe.format.manifest import MAX_STEP, Manifest
-from crashsafe.loading import from_copies, listed_steps, newest_intact, read_state
+from crashsafe.loading import from_copies, listed_steps, newest_intact, on_damage, read_state
 from crashsafe.mapping import map_step
 from crashsafe.mirroring import Mirror
 from crashsafe.policies.base import EverySteps, SaveContext, SavePolicy
@@ -548,12 +547,8 @@ class CheckpointManager:
         """``read(stores)`` once the pending save is committed; damage found resets the planner."""
         if not self.read_only and not self._closed:
             self._wait_pending()
-        with self._reading() as stores:
-            try:
-                return read(stores)
-            except CorruptCheckpointError:
-                self._planner.reset()  # never append deltas to a chain that may hold damage
-                raise
+        with self._reading() as stores, on_damage(self._planner.reset):  # no delta onto a chain with damage
+            return read(stores)
 
     # ----------------------------------------------------------------------------- lifecycle
 

@@ -219,6 +219,30 @@ def test_a_base_saved_again_is_never_taken_for_the_one_a_delta_needs(tmp_path: P
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("read", ["restore", "load"])
+def test_a_fallback_past_damage_starts_new_chains(tmp_path: Path, read: str) -> None:
+    """The same manager saved steps 0-2 as a chain; step 2 is damaged, and a read falls back past it
+    with a warning only. The next save must not be a delta of step 2: it was, unreadable from the
+    moment it committed (only a read that raised reset the chains)."""
+    with cs.CheckpointManager(tmp_path, keep_last=None, codec=Incremental(), async_save=False) as mgr:
+        for step in range(3):
+            mgr.save(step, {"w": np.full(1000, step, np.float32)})
+        entry = mgr.manifest(2).payloads[0]
+        with open(step_dir(tmp_path, 2) / entry.file, "r+b") as f:
+            f.seek(entry.offset + entry.nbytes // 2)
+            byte = f.read(1)
+            f.seek(-1, 1)
+            f.write(bytes([byte[0] ^ 0x5A]))
+        live = {"w": np.zeros(1000, np.float32)}
+        with pytest.warns(cs.CorruptCheckpointWarning, match="Falling back"):
+            assert (mgr.restore(live) if read == "restore" else mgr.load()["w"][0]) == 1
+        mgr.save(3, {"w": np.full(1000, 3, np.float32)})
+        assert mgr.manifest(3).payloads[0].base is None
+        assert np.all(mgr.load(3)["w"] == 3)
+    assert cs.verify(tmp_path).intact == [0, 1, 3]
+
+
+@pytest.mark.timeout(60)
 def test_a_failed_save_resets_the_chains(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from crashsafe.storage.writer import StepWriter
 

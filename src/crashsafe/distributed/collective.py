@@ -7,7 +7,6 @@ part of the newest step is damaged, every rank goes on to the next older step.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -16,12 +15,11 @@ from crashsafe.distributed.saving import ReplicaPlanner
 from crashsafe.distributed.shards import Targets
 from crashsafe.errors import (
     CorruptCheckpointError,
-    CorruptCheckpointWarning,
     CrashsafeError,
     NoCheckpointError,
     StorageError,
 )
-from crashsafe.loading import read_state
+from crashsafe.loading import read_state, skip_damaged
 from crashsafe.storage.base import Store
 
 __all__ = ["Collective", "collective_for"]
@@ -102,9 +100,8 @@ class Collective:
             if step is not None:
                 raise CorruptCheckpointError(f"step {step} cannot be read by every rank: {bad}")
             damage.append(bad)
-            warnings.warn(
+            skip_damaged(
                 f"skipping damaged checkpoint step {candidate} ({bad}); all ranks fall back to an older one",
-                CorruptCheckpointWarning,
                 stacklevel=4,
             )
         if not candidates:
