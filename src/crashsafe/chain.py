@@ -37,6 +37,7 @@ from crashsafe.storage.reader import StepReader, read_manifest
 __all__ = ["ChainReader", "direct_bases", "doomed_steps", "protected_steps", "read_step"]
 
 _T = TypeVar("_T")
+_Part = tuple[str, int | None, Any]  # a payload's path, writing rank and shard: see _same_part
 _OPEN_READERS = 32  # step readers kept open (each holds a few fds)
 
 
@@ -113,7 +114,7 @@ class ChainReader(Closing):
     def __init__(self, store: Store, *, keep_references: bool = False) -> None:
         self.store = store
         self._readers: OrderedDict[int, StepReader] = OrderedDict()
-        self._references: dict[str, tuple[int, Reference]] | None = {} if keep_references else None
+        self._references: dict[_Part, tuple[int, Reference]] | None = {} if keep_references else None
 
     def manifest(self, step: int) -> Manifest:
         return self._reader(step).manifest
@@ -212,7 +213,8 @@ class ChainReader(Closing):
             return _decode(reader, entry, lambda data: codec.decode(data, *_layout(entry)))
         links = self._chain(step, entry)
         reference = None
-        cached = self._references.pop(entry.path, None) if self._references is not None else None
+        part = (entry.path, entry.rank, entry.shard)
+        cached = self._references.pop(part, None) if self._references is not None else None
         if cached is not None and cached[0] in {at for at, _ in links[:-1]}:
             reference = cached[1]
             links = links[[at for at, _ in links].index(cached[0]) + 1 :]
@@ -220,7 +222,7 @@ class ChainReader(Closing):
             reference = self._link(codec, step, at, link, reference)
         assert reference is not None
         if self._references is not None:
-            self._references[entry.path] = (step, reference)
+            self._references[part] = (step, reference)
         return reference.array
 
     def _link(

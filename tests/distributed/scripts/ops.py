@@ -1,9 +1,9 @@
 """Collective steps, delete and gc of an FSDP2 job, on any location (a directory or a URL).
 
 Usage: ops.py LOCATION STORAGE_OPTIONS_JSON. Saves steps 1..4 with a delta codec (a full save
-every second step), is refused deleting the base step 1, deletes step 2, reopens with keep_last=1
-and collects garbage, then restores into a fresh model. Each rank prints one JSON line; a test
-checks that every rank saw the same and that the restored model is the one saved.
+every second step), verifies them, is refused deleting the base step 1, deletes step 2, reopens
+with keep_last=1 and collects garbage, then restores into a fresh model. Each rank prints one
+JSON line; a test checks that every rank saw the same and that the restored model is the one saved.
 """
 
 import json
@@ -34,6 +34,7 @@ def main() -> None:
             state["step"] = step
             mgr.save(step, state)
         report["saved"] = mgr.steps()
+        report["intact"] = cs.verify(location, storage_options=options).intact  # the ranks' deltas apart
         try:
             mgr.delete([1])  # step 2 is a delta of it: refused on every rank
         except cs.CrashsafeError as exc:
