@@ -230,13 +230,14 @@ class CheckpointManager:
     def maybe_save(
         self, step: int, state: Mapping[str, Any], metrics: Mapping[str, Any] | None = None
     ) -> bool:
-        """Save if the policy says so (or a SIGTERM arrived); return whether it saved."""
+        """Save if the policy says so (or a SIGTERM arrived); return whether it saved. Distributed, rank
+        0's policy decides for every rank (each rank's own clock would decide apart)."""
         if self._sigterm.arrived:
             if self._last_save is None or self._last_save[0] != step:
                 self.save(step, state, metrics)
             self._exit_after_preemption()
-        context = self.context(step, metrics)
-        if not self.policy.should_save(context):
+        wanted = self.policy.should_save(self.context(step, metrics))
+        if not (wanted if self._collective is None else self._collective.decide(wanted, step)):
             return False
         self.save(step, state, metrics)
         return True

@@ -208,6 +208,22 @@ def test_a_deletion_failing_on_rank_0_after_a_commit_fails_no_rank(tmp_path: Pat
     assert cs.verify(location).ok
 
 
+def test_ranks_never_commit_a_step_saved_apart(tmp_path: Path, launch: Any) -> None:
+    """A time-based policy decides on each rank's clock, and rank 0's steps take longer: maybe_save
+    saved different steps on the two ranks, and each such pair was committed with one rank's part
+    missing (damaged steps, then retention deleted the intact ones). Now rank 0 decides for all, and
+    a save of different step numbers is refused with nothing committed."""
+    directory = tmp_path / "ckpt"
+    ranks = launch("apart.py", 2, directory)
+    reports = [json.loads(proc.stdout.read()) for proc, _ in ranks.procs if proc.stdout is not None]
+    assert ranks.wait() == [0, 0]
+    assert reports[0] == reports[1], reports
+    report = reports[0]
+    assert len(report["saved"]) >= 2 and report["committed"] == [0, *report["saved"]]
+    assert report["refused"] is True and report["after"] == report["committed"]
+    assert cs.verify(directory).ok
+
+
 @pytest.mark.parametrize("where", ["dir", "s3"])
 def test_delete_gc_and_restore_are_collective(where: str, tmp_path: Path, launch: Any, request: Any) -> None:
     """Rank 0 deletes for every rank (no two ranks race on one step), a refusal reaches every rank,

@@ -47,6 +47,14 @@ class Collective:
     def __init__(self, group: Any, timeout: float) -> None:
         self.coord = Coordinator(group, timeout)
         self.replicas = ReplicaPlanner(self.coord)  # plans this rank's saves
+        # maybe_save's decisions, on the training thread: a group of their own, so that they never
+        # meet the exchanges of a save persisting in the background on ``coord``
+        self._decisions = Coordinator(group, timeout)
+
+    def decide(self, wanted: bool, step: int) -> bool:
+        """Rank 0's answer to "save ``step`` now?" on every rank: a policy decides on each rank's own
+        measurements (a clock, a stall), and ranks that decide apart would save different steps."""
+        return bool(self._decisions.broadcast(wanted, f"deciding whether to save step {step}"))
 
     @property
     def rank(self) -> int:
@@ -113,3 +121,4 @@ class Collective:
 
     def close(self) -> None:
         self.coord.close()
+        self._decisions.close()

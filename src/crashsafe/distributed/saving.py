@@ -208,12 +208,15 @@ def save_step(
     committed = planned.committed - {step}  # a damaged step saved again was deleted first
     writer, entries, problem = _write_part(coord, store, planner, step, committed, leaves, arrays, planned)
     reports = coord.all_gather(
-        (problem, {i: e.to_json() for i, e in entries.items()}, tree, writer.files() if writer else {}),
+        (problem, {i: e.to_json() for i, e in entries.items()}, tree, writer.files() if writer else {}, step),
         f"committing step {step}",
     )
 
     def commit() -> Manifest:
         failed = [f"rank {r}: {report[0]}" for r, report in enumerate(reports) if report[0] is not None]
+        if len({report[4] for report in reports}) > 1:  # each rank's part went to its own step
+            saved = ", ".join(f"rank {r}: {report[4]}" for r, report in enumerate(reports))
+            failed.append(f"the ranks saved different steps ({saved}); every rank must save the same step")
         if failed:
             raise CoordinationError(
                 f"step {step} was not committed: " + "; ".join(failed) + ". Committed checkpoints are intact"
@@ -286,12 +289,12 @@ def _global_manifest(
     payloads: list[PayloadEntry] = []
     index: dict[tuple[int, int], int] = {}
     files: dict[str, int] = {}
-    for rank, (_, entries, _, rank_files) in enumerate(reports):
+    for rank, (_, entries, _, rank_files, _) in enumerate(reports):
         files.update(rank_files)
         for i, body in sorted(entries.items()):
             index[rank, i] = len(payloads)
             payloads.append(_entry(body))
-    trees = [_renumbered(tree, rank, index, writer_of) for rank, (_, _, tree, _) in enumerate(reports)]
+    trees = [_renumbered(tree, rank, index, writer_of) for rank, (_, _, tree, _, _) in enumerate(reports)]
     info = {**info, **planner.base_marks(p.base for p in payloads if p.base is not None)}
     return Manifest(step, time.time(), trees[0], tuple(payloads), files, metrics, info, tuple(trees[1:]))
 
