@@ -22,6 +22,7 @@ does not fit the live state (a key that step lacks).
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, MutableMapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -71,7 +72,8 @@ def restore_into(
 
     def attempt(store: Store, candidate: int, last: bool) -> dict[str, Any]:
         verify_first = last and not changes.made
-        return restore_step(store, candidate, state, verify_first, changes, rank, targets)
+        agree = None if collective is None else functools.partial(collective.before_writing, step=candidate)
+        return restore_step(store, candidate, state, verify_first, changes, rank, targets, agree)
 
     try:
         if collective is not None:
@@ -108,35 +110,59 @@ def restore_step(
     changes: _Changes,
     rank: int = 0,
     targets: Targets | None = None,
+    agree: Callable[[str | None], None] | None = None,
 ) -> dict[str, Any]:
     """Phases 1 and 2 of the module doc for ``rank``'s part of one step; return the saved state
-    for ``apply_into`` (phase 3), its arrays already in the live memory they go to."""
+    for ``apply_into`` (phase 3), its arrays already in the live memory they go to. ``agree`` (the
+    ranks of a distributed manager) hears this rank's problem with phase 1, or None, and raises if
+    another rank has one: no rank writes into its live state unless every rank's part can go in."""
     try:
         with ChainReader(store) as chains:
-            manifest = chains.manifest(step)
-            tree = manifest.tree_of(rank)
-            into = live_destinations(state, tree, manifest.payloads)
-            values: list[Any] = [None] * len(manifest.payloads)
-            for i in sorted(array_ids(tree)):
-                found = into.get(i)
-                entry = manifest.payloads[i]
-                values[i] = found.value if found else read_value(chains, manifest, entry, False, targets)
-            saved = state_of(tree, values, step)
-            check_into(state, saved)  # a mismatch raises before anything live is changed
-            jobs = []
-            for i, d in into.items():  # a shard: each saved shard of its array that meets the box
-                entry = manifest.payloads[i]
-                jobs += [(entry, d)] if d.box is None else box_jobs(manifest, entry, d)
-            # probed where the largest read starts (a rank may read only a part of a shard)
-            largest = max((job for job in jobs if _is_raw(job[0])), key=_length, default=None)
-            cached = largest is not None and chains.cached(step, largest[0], *_span(largest))
-            if verify_first:
-                _each(jobs, lambda entry, d: _check(chains, step, entry, d), cached)
+            try:
+                saved, jobs, cached = _prepare(chains, step, state, verify_first, rank, targets)
+            except (CrashsafeError, OSError) as exc:
+                if agree is not None:
+                    agree(str(exc))
+                raise
+            if agree is not None:
+                agree(None)
             changes.made = changes.made or bool(jobs)
             _each(jobs, lambda entry, d: _decode_into(chains, step, entry, d), cached)
     except OSError as exc:
         raise reading_error(exc, store, step) from None
     return saved
+
+
+def _prepare(
+    chains: ChainReader,
+    step: int,
+    state: MutableMapping[str, Any],
+    verify_first: bool,
+    rank: int,
+    targets: Targets | None,
+) -> tuple[dict[str, Any], list[tuple[PayloadEntry, Destination]], bool]:
+    """Phase 1: the saved state (checked against the live one), the payloads to read into live
+    memory, and whether the step is in the page cache; with ``verify_first`` those are verified."""
+    manifest = chains.manifest(step)
+    tree = manifest.tree_of(rank)
+    into = live_destinations(state, tree, manifest.payloads)
+    values: list[Any] = [None] * len(manifest.payloads)
+    for i in sorted(array_ids(tree)):
+        found = into.get(i)
+        entry = manifest.payloads[i]
+        values[i] = found.value if found else read_value(chains, manifest, entry, False, targets)
+    saved = state_of(tree, values, step)
+    check_into(state, saved)  # a mismatch raises before anything live is changed
+    jobs = []
+    for i, d in into.items():  # a shard: each saved shard of its array that meets the box
+        entry = manifest.payloads[i]
+        jobs += [(entry, d)] if d.box is None else box_jobs(manifest, entry, d)
+    # probed where the largest read starts (a rank may read only a part of a shard)
+    largest = max((job for job in jobs if _is_raw(job[0])), key=_length, default=None)
+    cached = largest is not None and chains.cached(step, largest[0], *_span(largest))
+    if verify_first:
+        _each(jobs, lambda entry, d: _check(chains, step, entry, d), cached)
+    return saved, jobs, cached
 
 
 def _decode_into(chains: ChainReader, step: int, entry: PayloadEntry, into: Destination) -> None:

@@ -208,6 +208,20 @@ def test_a_deletion_failing_on_rank_0_after_a_commit_fails_no_rank(tmp_path: Pat
     assert cs.verify(location).ok
 
 
+def test_a_restore_one_rank_cannot_take_changes_no_rank(tmp_path: Path, launch: Any) -> None:
+    """Rank 1's live state has a key the checkpoint lacks: every rank refuses, and rank 0's model is
+    not overwritten (it was, while the error blamed damage). A step never committed is
+    NoCheckpointError on every rank, as in one process (it was CorruptCheckpointError)."""
+    ranks = launch("refused.py", 2, tmp_path / "ckpt")
+    reports = [json.loads(proc.stdout.read()) for proc, _ in ranks.procs if proc.stdout is not None]
+    assert ranks.wait() == [0, 0]
+    for report in reports:
+        assert report["weight"] == 5.0 and report["missing"] == "NoCheckpointError", report
+        message = report["mismatch"][1]
+        assert "'sampler_epoch' is not in the checkpoint" in message and "damaged" not in message, message
+    assert reports[1]["mismatch"][0] == "UnsupportedStateError"
+
+
 def test_ranks_never_commit_a_step_saved_apart(tmp_path: Path, launch: Any) -> None:
     """A time-based policy decides on each rank's clock, and rank 0's steps take longer: maybe_save
     saved different steps on the two ranks, and each such pair was committed with one rank's part

@@ -22,7 +22,7 @@ from crashsafe.errors import (
 from crashsafe.loading import read_state, skip_damaged
 from crashsafe.storage.base import Store
 
-__all__ = ["Collective", "collective_for"]
+__all__ = ["Collective", "PeerProblem", "collective_for"]
 
 _T = TypeVar("_T")
 
@@ -41,6 +41,11 @@ def collective_for(process_group: Any, timeout: float, mirror: str | None) -> Co
     return Collective(group, timeout)
 
 
+class PeerProblem(CrashsafeError):
+    """Another rank's part of a step cannot be restored, so this rank leaves the attempt too,
+    before it writes anything (:meth:`Collective.first_intact` reports the other rank's problem)."""
+
+
 class Collective:
     """One manager's ranks on one process group."""
 
@@ -50,6 +55,13 @@ class Collective:
         # maybe_save's decisions, on the training thread: a group of their own, so that they never
         # meet the exchanges of a save persisting in the background on ``coord``
         self._decisions = Coordinator(group, timeout)
+
+    def before_writing(self, problem: str | None, step: int) -> None:
+        """Every rank's ``problem`` with its part of ``step`` (None: it can go into the live state),
+        heard before any rank writes: PeerProblem on a rank whose part is fine if another's is not."""
+        problems = self.coord.all_gather(problem, f"checking step {step} against every rank's live state")
+        if problem is None and any(p is not None for p in problems):
+            raise PeerProblem(f"another rank cannot restore its part of step {step}")
 
     def decide(self, wanted: bool, step: int) -> bool:
         """Rank 0's answer to "save ``step`` now?" on every rank: a policy decides on each rank's own
@@ -85,13 +97,18 @@ class Collective:
         finds intact: while any rank finds its part damaged, every rank goes on to the next older
         step (``last``: none is left after it). Another error on any rank is raised on every rank,
         so no rank waits for the others; None if there is no step at all."""
-        candidates = [step] if step is not None else sorted(self.steps(store), reverse=True)
+        listed = self.steps(store)
+        if step is not None and step not in listed:  # as for one process: not damage, a missing step
+            raise NoCheckpointError(f"step {step} is not committed in {store.location}")
+        candidates = [step] if step is not None else sorted(listed, reverse=True)
         damage = []
         for n, candidate in enumerate(candidates):
             result: Any = None
             problem, error = None, None
             try:
                 result = attempt(candidate, step is not None or n == len(candidates) - 1)
+            except PeerProblem:
+                pass  # the other rank's problem is in the outcomes
             except (CorruptCheckpointError, StorageError, NoCheckpointError) as exc:
                 problem = str(exc)
             except CrashsafeError as exc:
