@@ -66,7 +66,7 @@ class Collective:
     def decide(self, wanted: bool, step: int) -> bool:
         """Rank 0's answer to "save ``step`` now?" on every rank: a policy decides on each rank's own
         measurements (a clock, a stall), and ranks that decide apart would save different steps."""
-        return bool(self._decisions.broadcast(wanted, f"deciding whether to save step {step}"))
+        return self._decisions.broadcast_flag(wanted, f"deciding whether to save step {step}")
 
     @property
     def rank(self) -> int:

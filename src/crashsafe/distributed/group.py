@@ -70,6 +70,14 @@ class Coordinator:
         )
         return box[0]
 
+    def broadcast_flag(self, flag: bool, what: str) -> bool:
+        """Rank 0's ``flag`` on every rank: one byte in one collective (``broadcast`` pickles, in two)."""
+        import torch
+
+        box = torch.tensor([flag], dtype=torch.uint8)
+        self._run(lambda: self._dist.broadcast(box, src=self._global_ranks[0], group=self.group), what)
+        return bool(box.item())
+
     def agree(self, fn: Callable[[], _T], what: str) -> _T:
         """Run ``fn`` on rank 0 and give every rank its result, or raise its error on every rank."""
         result: Any = None
