@@ -81,6 +81,14 @@ def test_a_file_or_fifo_as_the_checkpoint_directory_says_so(tmp_path: Path, kind
     assert "Errno" not in text and "I/O error" not in text
 
 
+def test_a_file_where_a_writer_would_create_its_directory_says_so(tmp_path: Path) -> None:
+    """It said '[Errno 17] I/O error while creating the checkpoint directory ...: File exists'."""
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(cs.StorageError, match="afile is not a directory") as caught:
+        cs.CheckpointManager(tmp_path / "afile")
+    assert "Errno" not in str(caught.value) and (tmp_path / "afile").read_text() == "x"
+
+
 @pytest.mark.parametrize(
     ("args", "words"),
     [

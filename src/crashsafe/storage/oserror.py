@@ -30,8 +30,8 @@ def storage_error(exc: OSError, doing: str, still_there: Callable[[], bool] | No
             f"no space left on the device while {doing}. Free space or lower keep_last; committed "
             "checkpoints are intact",
         )
-    if exc.errno == errno.ENOTDIR:
-        return _not_a_directory(exc, doing)
+    if exc.errno == errno.ENOTDIR or (exc.errno == errno.EEXIST and doing.startswith("creating")):
+        return _not_a_directory(exc, doing)  # EEXIST: a directory to create is already something else
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return StorageError(
             exc.errno,
