@@ -187,4 +187,6 @@ def test_removals_wait_for_an_idle_writer_and_a_re_saved_name_stays(tmp_path: Pa
     assert _stored_names(tmp_path) == ["a.ckpt"]  # b's and a's older steps deleted
     assert cs_lightning.load_checkpoint(tmp_path / "a.ckpt")["global_step"] == 4
     assert [s.name for s in io.stats] == ["a.ckpt", "b.ckpt", "a.ckpt", "a.ckpt"]
-    assert all(0 < s.stall < s.durable for s in io.stats)
+    first, *rest = io.stats  # a directory's first checkpoint commits before its save returns
+    assert 0 < first.durable <= first.stall
+    assert all(0 < s.stall < s.durable for s in rest)

@@ -5,10 +5,12 @@
   re-saving one path) and ``fit(ckpt_path="last")`` resumes. Each path holds a pointer file
   (``integrations/pointer.py``); the checkpoints live in ``.crashsafe/`` beside it, committed
   atomically, verified on load, with fallback. Saving returns after a copy into staging buffers
-  (two saves may be in flight, so ``save_last``'s second save of a step does not wait for the
-  first); a background thread writes, commits and only then updates the pointer files and deletes
-  what a new checkpoint replaces (Lightning's ``AsyncCheckpointIO`` contract: errors surface at the
-  next save or at teardown).
+  and, for a new name, its pointer file (Lightning links ``last.ckpt`` to it at once); a pointer
+  whose step has not committed loads the newest committed step of its directory. Two saves may be
+  in flight, so ``save_last``'s second save of a step does not wait for the first; a background
+  thread writes, commits, then makes the pointer durable and new (its mtime picks "last") and
+  deletes what a new checkpoint replaces (Lightning's ``AsyncCheckpointIO`` contract: errors
+  surface at the next save or at teardown). A directory's first checkpoint is saved synchronously.
 * ``Trainer(callbacks=[CrashsafeCallback("ckpt", policy=...)])`` hands checkpointing wholly to a
   :class:`~crashsafe.CheckpointManager` (policies, codecs, retention, SIGTERM) and resumes from its
   newest intact step when ``fit`` starts.
@@ -35,9 +37,23 @@ from lightning.pytorch.plugins import CheckpointIO, TorchCheckpointIO
 from lightning_utilities.core.apply_func import apply_to_collection
 
 from crashsafe.encoding import CodecSpec
-from crashsafe.errors import CorruptCheckpointError, CorruptCheckpointWarning, CrashsafeError
+from crashsafe.errors import (
+    CorruptCheckpointError,
+    CorruptCheckpointWarning,
+    CrashsafeError,
+    CrashsafeWarning,
+    NoCheckpointError,
+)
 from crashsafe.format.manifest import Manifest
-from crashsafe.integrations.pointer import STORE, is_pointer, pointed_name, remove_pointer, write_pointer
+from crashsafe.integrations.pointer import (
+    STORE,
+    is_pointer,
+    names_itself,
+    pointed_name,
+    remove_pointer,
+    settle_pointer,
+    write_pointer,
+)
 from crashsafe.manager import CheckpointManager
 from crashsafe.state.rng import RNGState
 from crashsafe.state.snapshot import fast_copy
@@ -74,15 +90,14 @@ class _Directory:
         self.delete([step for step, name in self.names.items() if not is_pointer(self.path / name)])
 
     def save(self, name: str, snapshot: Mapping[str, Any], metrics: dict[str, float]) -> float:
-        """Commit ``snapshot`` as a new step, then point ``name`` at it; return when ``name`` loads
-        it (``time.perf_counter()``). The steps it replaces are deleted at ``collect()``."""
+        """Commit ``snapshot`` as a new step, then make ``name``'s pointer durable and new (a re-save
+        too: Lightning picks the "last" file by mtime); return when ``name`` loads it
+        (``time.perf_counter()``). The steps it replaces are deleted at ``collect()``."""
         step = max(self.names, default=-1) + 1
         self.mgr.save(step, {"name": name, **snapshot}, metrics)
         self.names[step] = name
         self.removed.discard(name)  # removed, then saved again: it stays
-        pointer = self.path / name
-        if pointer.is_symlink() or not is_pointer(pointer) or pointed_name(pointer) != name:
-            write_pointer(pointer, name)  # a re-saved name (last.ckpt) already has its pointer
+        settle_pointer(self.path / name, name)
         durable = time.perf_counter()
         self.stale.update(s for s, n in self.names.items() if n == name and s != step)
         return durable
@@ -143,8 +158,9 @@ def _saved_name(manifest: Manifest) -> str | None:
 
 
 def _load_named(manager: CheckpointManager, names: dict[int, str], name: str) -> dict[str, Any]:
-    """The newest intact step saved as ``name``; if none is intact, the newest intact step of the
-    directory (each fallback is reported as a CorruptCheckpointWarning)."""
+    """The newest intact step saved as ``name``; if none is, the newest intact step of the directory:
+    a save returns (and Lightning links ``last.ckpt`` to its file) before its step commits, so a
+    crash can leave a pointer whose step never committed. Each fallback is warned about."""
     mine = sorted((s for s, n in names.items() if n == name), reverse=True)
     others = sorted((s for s in names if s not in mine), reverse=True)
     damage: list[str] = []
@@ -152,8 +168,11 @@ def _load_named(manager: CheckpointManager, names: dict[int, str], name: str) ->
         if candidates is others and others:
             warnings.warn(
                 f"no intact checkpoint saved as {name!r}; loading {names[others[0]]!r} (or an older one), "
-                "the newest intact checkpoint of the directory",
-                CorruptCheckpointWarning,
+                "the newest intact checkpoint of the directory"
+                if mine
+                else f"the save of {name!r} did not commit before its run stopped; loading "
+                f"{names[others[0]]!r} (or an older one), the newest committed checkpoint of the directory",
+                CorruptCheckpointWarning if mine else CrashsafeWarning,
                 stacklevel=4,
             )
         for step in candidates:
@@ -162,9 +181,23 @@ def _load_named(manager: CheckpointManager, names: dict[int, str], name: str) ->
             except CorruptCheckpointError as exc:
                 damage.append(str(exc))
                 warnings.warn(f"skipping damaged checkpoint: {exc}", CorruptCheckpointWarning, stacklevel=4)
+    if not names:
+        raise NoCheckpointError(
+            f"{name!r} names a save that did not commit before its run stopped, and {manager.directory} "
+            "holds no committed checkpoint: delete that file (and any link to it) to start afresh"
+        )
     raise CorruptCheckpointError(
-        f"no intact checkpoint for {name!r} in {manager.directory}: " + ("; ".join(damage) or "none saved")
+        f"no intact checkpoint for {name!r} in {manager.directory}: {'; '.join(damage)}"
     )
+
+
+def _cut_short(path: Path) -> bool:
+    """An empty file beside a crashsafe store: a pointer whose un-fsynced write (a save returns before
+    its pointer is durable) a power loss cut short. It loads as a pointer to its own name."""
+    try:
+        return path.stat().st_size == 0 and (path.parent / STORE).is_dir()
+    except OSError:
+        return False
 
 
 def _map(checkpoint: dict[str, Any], map_location: Any) -> dict[str, Any]:
@@ -227,7 +260,8 @@ class CrashsafeCheckpointIO(CheckpointIO):
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
     ) -> None:
-        """Copy ``checkpoint`` into staging buffers and return; it commits in the background. A
+        """Copy ``checkpoint`` into staging buffers, write its pointer if the name is new, and return;
+        it commits in the background (a directory's first checkpoint: before returning). A
         background error is raised here, at the next save."""
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} takes no storage_options")
@@ -238,18 +272,24 @@ class CrashsafeCheckpointIO(CheckpointIO):
         if previous is not None:
             previous.exception()  # its buffers are free once that save committed (or failed)
         self._raise_errors(done_only=True)
+        held = self._open(target.parent)
         state, pool = {"lightning": checkpoint, "rng": RNGState()}, self._pools[slot]
         snapshot = fast_copy(state, pool) if self._saves else None
         if snapshot is None:  # the first save is checked in full here, so its errors come now
             snapshot = detached_copy(state, pool)
+        first = not held.names  # nothing committed here yet: a crash before this commit has no fallback
+        if not first and not names_itself(target):  # Lightning may link last.ckpt to it once we return
+            _write(lambda: write_pointer(target, target.name, durable=False), target)
         metrics = {k: float(checkpoint.get(k, 0)) for k in ("global_step", "epoch")}
         timing: list[float] = []  # when the checkpoint was committed and named
 
         def save(directory: _Directory) -> None:
             timing.append(directory.save(target.name, snapshot, metrics))
 
-        self._using[slot] = self._submit(target.parent, save)
+        self._using[slot] = self._submit(held, save)
         self._saves += 1
+        if first:  # the writer names it after the commit
+            self._settle()
         self._timings.append((target.name, begin, time.perf_counter(), timing))
 
     @property
@@ -271,10 +311,10 @@ class CrashsafeCheckpointIO(CheckpointIO):
         real = Path(os.path.realpath(_local_path(path)))  # save_last="link" makes last.ckpt a link
         if real.exists() and not real.is_file():
             raise CrashsafeError(f"{path} is not a checkpoint file (a directory, a FIFO or a device)")
-        if not is_pointer(real):
+        if not is_pointer(real) and not _cut_short(real):
             loaded: dict[str, Any] = TorchCheckpointIO().load_checkpoint(path, map_location, weights_only)
             return loaded
-        name = pointed_name(real)
+        name = pointed_name(real) if is_pointer(real) else real.name
         held = self._dirs.get(real.parent)
         if held is not None:
             state = _load_named(held.mgr, held.names, name)
@@ -286,20 +326,23 @@ class CrashsafeCheckpointIO(CheckpointIO):
         return _map(state["lightning"], map_location)
 
     def remove_checkpoint(self, path: Any) -> None:
-        """Remove a checkpoint once the saves before it are committed (a save still in flight has
-        not written its pointer yet); its steps are deleted when the writer is idle."""
+        """Remove a checkpoint once the saves before it are committed; its steps are deleted when the
+        writer is idle. With no writer thread (after ``teardown``: ``OnExceptionCheckpoint`` removes
+        its file then) it is done here and the store closed again, so no lock outlives the run."""
         target = _local_path(path)
-        if target.is_symlink():
-            TorchCheckpointIO().remove_checkpoint(path)  # save_last="link": Lightning's own link
+        if target.is_symlink() or not is_pointer(target):
+            TorchCheckpointIO().remove_checkpoint(path)  # save_last="link"'s link, or a torch.save file
             return
-
-        def remove(directory: _Directory) -> None:
-            if is_pointer(target):
-                directory.remove(target.name)
-            else:
-                TorchCheckpointIO().remove_checkpoint(path)  # a torch.save file
-
-        self._submit(target.parent, remove)
+        held = self._open(target.parent)
+        if self._executor is not None:
+            self._submit(held, lambda directory: directory.remove(target.name))
+            return
+        try:
+            held.remove(target.name)
+            held.collect()
+        finally:
+            del self._dirs[target.parent]
+            held.mgr.close()
 
     def wait(self) -> None:
         """Block until every save so far is committed (and its pointer written); raise its error."""
@@ -323,7 +366,7 @@ class CrashsafeCheckpointIO(CheckpointIO):
                 pool.clear()
             self._using = [None] * len(self._pools)
 
-    def _submit(self, directory: Path, work: Callable[[_Directory], None]) -> Future[None]:
+    def _submit(self, held: _Directory, work: Callable[[_Directory], None]) -> Future[None]:
         """Run ``work`` in the writer thread; then, if no other work is queued (or the backlog is
         long), the directory's deferred removals and deletions."""
         if self._executor is None:
@@ -331,7 +374,6 @@ class CrashsafeCheckpointIO(CheckpointIO):
 
         def run() -> None:
             self._started += 1
-            held = self._directory(directory)
             work(held)
             if self._started == self._submitted or held.backlog > _BACKLOG:
                 held.collect(busy=lambda: self._submitted > self._started and held.backlog <= _BACKLOG)
@@ -341,11 +383,12 @@ class CrashsafeCheckpointIO(CheckpointIO):
         self._pending.append(future)
         return future
 
-    def _directory(self, path: Path) -> _Directory:
-        """The store of ``path`` (opened, and its orphans dropped, at first use; in the worker)."""
+    def _open(self, path: Path) -> _Directory:
+        """The store of ``path``, opened (and its orphans dropped) at first use, here rather than in
+        the writer thread: Lightning links into the directory as soon as a save returns."""
         held = self._dirs.get(path)
         if held is None:
-            path.mkdir(parents=True, exist_ok=True)
+            _write(lambda: path.mkdir(parents=True, exist_ok=True), path)
             manager = CheckpointManager(
                 path / STORE, keep_last=None, async_save=False, codec=self._codec, lossless=self._lossless
             )
@@ -367,6 +410,16 @@ class CrashsafeCheckpointIO(CheckpointIO):
             raise CrashsafeError(
                 f"saving a Lightning checkpoint in the background failed: {errors[0]!r}"
             ) from errors[0]
+
+
+def _write(action: Callable[[], None], path: Path) -> None:
+    """Run a file-system ``action`` on ``path`` in the training thread; its OSError as a CrashsafeError."""
+    try:
+        action()
+    except OSError as exc:
+        raise CrashsafeError(
+            f"cannot write {path} ({exc.strerror or exc}); check that its directory is writable and has space"
+        ) from exc
 
 
 def _local_path(path: Any) -> Path:

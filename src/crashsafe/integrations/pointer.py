@@ -19,7 +19,16 @@ from pathlib import Path
 
 from crashsafe.errors import CrashsafeError
 
-__all__ = ["MESSAGE", "STORE", "is_pointer", "pointed_name", "remove_pointer", "write_pointer"]
+__all__ = [
+    "MESSAGE",
+    "STORE",
+    "is_pointer",
+    "names_itself",
+    "pointed_name",
+    "remove_pointer",
+    "settle_pointer",
+    "write_pointer",
+]
 
 STORE = ".crashsafe"
 MESSAGE = (
@@ -32,8 +41,10 @@ _HEAD = b"ccrashsafe\n"
 _MAX_BYTES = 4096
 
 
-def write_pointer(path: Path, name: str) -> None:
-    """Atomically (write, fsync, rename, fsync the directory) make ``path`` point at ``name``."""
+def write_pointer(path: Path, name: str, *, durable: bool = True) -> None:
+    """Atomically (write, rename) make ``path`` point at ``name``. ``durable`` fsyncs the file before
+    the rename and the directory after, so a power loss keeps it; without, it survives a crash of the
+    process (enough before its step commits: ``settle_pointer`` makes it durable then)."""
     body = _HEAD + f"{MESSAGE}\n".encode() + json.dumps({"crashsafe": STORE, "name": name}).encode() + b"\n"
     tmp = path.with_name(f".{path.name}.crashsafe-tmp")
     with contextlib.suppress(FileNotFoundError):
@@ -41,11 +52,47 @@ def write_pointer(path: Path, name: str) -> None:
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     try:
         os.write(fd, body)
-        os.fsync(fd)
+        if durable:
+            os.fsync(fd)
     finally:
         os.close(fd)
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    if durable:
+        _fsync_dir(path.parent)
+
+
+def settle_pointer(path: Path, name: str) -> None:
+    """Make the pointer at ``path`` durable with its mtime now: Lightning resumes ``ckpt_path="last"``
+    from the newest-modified candidate, so a re-saved ``last.ckpt`` must look new. A pointer to
+    ``name`` already there is touched and fsynced (its bytes stay); anything else is replaced."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:  # nothing there, or a link (ELOOP): write a pointer of its own
+        write_pointer(path, name)
+        return
+    try:
+        mine = stat.S_ISREG(os.fstat(fd).st_mode) and _named(os.read(fd, _MAX_BYTES)) == name
+        if mine:
+            os.utime(fd)
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    if mine:
+        _fsync_dir(path.parent)  # its name may come from a write_pointer(durable=False)
+    else:
+        write_pointer(path, name)
+
+
+def names_itself(path: Path) -> bool:
+    """True if ``path`` is a regular file (not a link) holding a pointer to its own name."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        return stat.S_ISREG(os.fstat(fd).st_mode) and _named(os.read(fd, _MAX_BYTES)) == path.name
+    finally:
+        os.close(fd)
 
 
 def remove_pointer(path: Path) -> None:
@@ -68,19 +115,27 @@ def pointed_name(path: Path) -> str:
     data = _read_regular(path, _MAX_BYTES)
     if data is None:
         raise CrashsafeError(f"{path} is not a crashsafe pointer file (nothing there, or not a file)")
-    try:
-        record = json.loads(data.rstrip(b"\n").rsplit(b"\n", 1)[-1])
-    except ValueError:
-        record = None
-    if not (
-        isinstance(record, dict) and record.get("crashsafe") == STORE and isinstance(record.get("name"), str)
-    ):
+    name = _named(data)
+    if name is None:
         raise CrashsafeError(
             f"{path} starts like a crashsafe pointer file but is damaged; its checkpoints are in "
             f"{path.parent / STORE} (`crashsafe ls` lists them)"
         )
-    name: str = record["name"]
     return name
+
+
+def _named(data: bytes) -> str | None:
+    """The name a pointer file's bytes hold; None if they are not a whole pointer."""
+    if not data.startswith(_HEAD):
+        return None
+    try:
+        record = json.loads(data.rstrip(b"\n").rsplit(b"\n", 1)[-1])
+    except ValueError:
+        return None
+    if isinstance(record, dict) and record.get("crashsafe") == STORE and isinstance(record.get("name"), str):
+        name: str = record["name"]
+        return name
+    return None
 
 
 def _read_regular(path: Path, limit: int) -> bytes | None:
