@@ -5,12 +5,12 @@ open wait forever for a writer, and a ``.lock`` linked to another file is trunca
 link. It reports a link with its target's size; its "create" checks, then opens, so that two
 writers can both create one manifest; and it never fsyncs, where the manifest-last commit needs
 each write durable once acknowledged, as an object store's is. fsspec has no option for any of
-this, hence this subclass. Writes are fsynced, with the directory that names them;
-a file is opened relative to its directory, which must not be a link, without following a link
-itself; anything but a regular file is refused (UnsafeEntryError); a create is one ``O_EXCL`` open;
-and a link is listed as what it is (a link, of size 0, never entered). So a step directory that is
-a link is neither read, written nor deleted through. (The location's root was resolved once, when
-opened: the user chose it, links and all.)
+this, hence this subclass. Writes are fsynced, with the directory that names them. A file is opened
+relative to its directory, which must not be a link, without following a link itself; anything but
+a regular file is refused (UnsafeEntryError); a create is one ``O_EXCL`` open; and a link is listed
+as what it is (a link, of size 0, never entered). So a step directory that is a link is neither
+read, written nor deleted through. (The location's root was resolved once, when opened: the user
+chose it, links and all.)
 """
 
 from __future__ import annotations
