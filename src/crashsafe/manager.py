@@ -208,15 +208,19 @@ class CheckpointManager:
 
     def _replace_damaged(self, store: Store, step: int) -> None:
         """Saving a committed step is refused, unless that step is damaged: a run that fell back
-        from it and trained on saves it again, so the damaged one is deleted first (with a warning)."""
+        from it and trained on saves it again, so the damaged one is deleted first (with a warning).
+        Refused too if an intact step is a delta of it: the new save would leave that one unreadable."""
 
         def check() -> None:
             from crashsafe.verification import verify
 
-            if verify(self.directory, steps=[step], storage_options=self._storage_options).ok:
+            later = [s for s in store.steps() if s > step]  # none, unless the run went back
+            needs = [s for s in later if step in protected_steps(store, [s], self._bases)]
+            if verify(self.directory, steps=[step, *needs], storage_options=self._storage_options).intact:
                 raise CheckpointExistsError(
-                    f"step {step} is already committed in {self.directory}; committed checkpoints are "
-                    "never overwritten. Save under a new step, or delete it with `crashsafe gc`."
+                    f"step {step} is already committed in {self.directory} (or it is damaged, but a newer "
+                    "intact step is a delta of it); committed checkpoints are never overwritten. Save under "
+                    "a new step, or delete it with `crashsafe gc`."
                 )
             self._delete(store, [step])
 

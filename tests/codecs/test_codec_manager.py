@@ -219,6 +219,30 @@ def test_a_base_saved_again_is_never_taken_for_the_one_a_delta_needs(tmp_path: P
 
 
 @pytest.mark.timeout(60)
+def test_a_damaged_step_an_intact_step_needs_is_not_replaced(tmp_path: Path) -> None:
+    """Step 3's raw payload is damaged, but step 4's deltas need only step 3's intact one. Saving
+    step 3 again (after a restore of step 2) would leave step 4 unreadable: it is refused, and step 4
+    still loads. It was replaced, turning the intact step 4 into damage."""
+    codec = {"w": Incremental(), "*": "raw"}
+    with cs.CheckpointManager(tmp_path, keep_last=None, codec=codec, async_save=False) as mgr:
+        for step in range(1, 5):
+            mgr.save(step, {"w": np.full(1000, step, np.float32), "x": np.full(10, step)})
+        entry = next(p for p in mgr.manifest(3).payloads if p.path == "x")
+    with open(step_dir(tmp_path, 3) / entry.file, "r+b") as f:
+        f.seek(entry.offset)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0x5A]))
+    with cs.CheckpointManager(tmp_path, keep_last=None, codec=codec, async_save=False) as mgr:
+        mgr.restore({"w": np.zeros(1000, np.float32), "x": np.zeros(10, np.int64)}, step=2)
+        with pytest.raises(cs.CheckpointExistsError, match="a newer intact step is a delta of it"):
+            mgr.save(3, {"w": np.full(1000, 33, np.float32), "x": np.full(10, 33)})
+        assert np.all(mgr.load(4)["w"] == 4)
+    report = cs.verify(tmp_path)
+    assert report.intact == [1, 2, 4] and [d.step for d in report.damaged] == [3]
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("read", ["restore", "load"])
 def test_a_fallback_past_damage_starts_new_chains(tmp_path: Path, read: str) -> None:
     """The same manager saved steps 0-2 as a chain; step 2 is damaged, and a read falls back past it
