@@ -18,7 +18,15 @@ import crashsafe._faults as faults
 from crashsafe.shelf.arena import Arena
 from crashsafe.shelf.blocks import Blocks
 from crashsafe.shelf.errors import CorruptShelfError, ShelfError, ShelfFullError
-from crashsafe.shelf.layout import PAGE, LoopLayout, Record, Superblock, encode_meta_slot, new_superblock
+from crashsafe.shelf.layout import (
+    PAGE,
+    LoopLayout,
+    Record,
+    Superblock,
+    decode_meta_slot,
+    encode_meta_slot,
+    new_superblock,
+)
 from crashsafe.shelf.loop import Loop, LoopHost
 from crashsafe.shelf.loop_record import fold, interrupted, loop_variables, read_committed
 from crashsafe.shelf.meta import Meta, MetaEncoder, commit_record, encode_meta
@@ -51,6 +59,7 @@ class CommittedState:
         self.path = path
         self._encoder = MetaEncoder()
         self.loop: Loop | None = None
+        self._newest = _newest_slot(blocks.mv, sb)  # the next metadata write goes to the other one
 
     @classmethod
     def read(cls, arena: Arena, blocks: Blocks, path: Path) -> CommittedState:
@@ -104,8 +113,11 @@ class CommittedState:
             self.loop.load(meta)
 
     def write(self, meta: Meta, commit: bool = False) -> None:
-        """Write ``meta`` into slot ``seq % 2`` (never the newest valid one) and flush: the commit
-        (``commit``: ``meta.tx`` is the :func:`commit_record` of the transaction being committed)."""
+        """Write ``meta`` into the slot that does not hold the newest valid copy, and flush: the
+        commit (``commit``: ``meta.tx`` is the :func:`commit_record` of the transaction being
+        committed). Not slot ``seq % 2``: loop commits advance ``seq`` without writing metadata, so
+        that slot was the newest copy after an odd number of them, and a write torn there by a crash
+        lost the loop's start and its iterations, silently."""
         blob = encode_meta_slot(meta.seq, self._encoder.encode(meta, commit))
         if len(blob) > self.sb.slot_size:
             raise ShelfFullError(
@@ -113,12 +125,13 @@ class CommittedState:
                 f"({self.sb.slot_size} bytes): too many variables. Delete some, or keep them in a "
                 "new shelf created with a larger size (slots grow with the size)."
             )
-        start = self.sb.slot(meta.seq % 2)
+        start = self.sb.slot(1 - self._newest)
         if _ARMED:
             faults.write_in_halves(self._blocks.mv, start, blob, "shelf_mid_meta")
         else:
             self._blocks.mv[start : start + len(blob)] = blob
         self._blocks.sync()
+        self._newest = 1 - self._newest
 
     def roll_back(self, seq: int, undo: tuple[Record, ...], reason: str) -> list[str]:
         """Roll transaction ``seq`` back: copy the bytes its ``undo`` records saved back, make them
@@ -196,3 +209,13 @@ class CommittedState:
         assert before.loop is not None
         for offset, _ in before.loop.blocks(before.vars):
             self._blocks.release(offset)
+
+
+def _newest_slot(buf: memoryview, sb: Superblock) -> int:
+    """The index (0 or 1) of the metadata slot holding the newest valid copy (read_newest's)."""
+
+    def seq(index: int) -> int:
+        found = decode_meta_slot(buf[sb.slot(index) : sb.slot(index) + sb.slot_size], sb.slot_size)
+        return -1 if found is None else found[0]
+
+    return max((0, 1), key=seq)
