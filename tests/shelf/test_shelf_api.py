@@ -244,6 +244,25 @@ def test_too_many_variables_for_the_metadata_slot(shm_dir: Path) -> None:
         assert len(shelf) == 0
 
 
+def test_a_slot_filled_one_variable_at_a_time_stays_usable(shm_dir: Path) -> None:
+    """Each assignment its own transaction, until the metadata no longer fits: that one is refused
+    and rolled back, and the shelf keeps every variable before it, open and reopened. The rollback's
+    note made the metadata larger still, so the rollback failed: the shelf was unusable, and every
+    later open failed the same way."""
+    shelf = Shelf(shm_dir / "s", size="1MiB")
+    count = 0
+    with shelf, pytest.raises(ShelfFullError, match="metadata"):
+        while True:
+            shelf[f"v{count}"] = count
+            count += 1
+    assert count > 1000
+    with Shelf(shm_dir / "s") as again:
+        assert len(again) == count and again[f"v{count - 1}"] == count - 1
+        again[f"v{count - 1}"] = -1  # and it takes a change that fits
+    with Shelf(shm_dir / "s") as again:
+        assert again[f"v{count - 1}"] == -1
+
+
 def test_bad_values_and_names_are_refused(shm_dir: Path) -> None:
     with Shelf(shm_dir / "s", size="1MiB") as shelf:
         with pytest.raises(UnsupportedStateError, match="cannot store a list"):

@@ -141,7 +141,11 @@ class CommittedState:
         self._blocks.sync()
         note: dict[str, Any] = {"tx": seq, "reason": reason, "time": time.time(), "restored": restored}
         rolled_back = replace(meta, seq=seq, rollback=note)
-        self.write(rolled_back)
+        try:
+            self.write(rolled_back)
+        except ShelfFullError:  # the committed metadata fills its slot: the note (for inspect) goes
+            rolled_back = replace(meta, seq=seq, rollback=None)
+            self.write(rolled_back)
         self.meta = rolled_back
         return restored
 
