@@ -143,3 +143,18 @@ def test_simulate_refuses_a_plot_target_it_cannot_or_must_not_write(tmp_path: Pa
     assert done.code == 0, done.err
     assert bare.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert f"wrote the plot to {bare}" in " ".join(done.out.split())
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--job", "0"], ["--job 0", "must train for some time"]),  # ZeroDivisionError
+        (["--steps", "0"], ["--steps 0", "at least 1 step"]),  # ZeroDivisionError
+        (["--policy", ","], ["names no policy"]),  # IndexError
+    ],
+)
+def test_simulate_refuses_a_run_with_nothing_to_simulate(
+    tmp_path: Path, args: list[str], words: list[str]
+) -> None:
+    plot = str(tmp_path / "p.png")
+    _clear_error(invoke_here("simulate", "--mtbf", "4h", "--ckpt-cost", "30s", "--plot", plot, *args), *words)

@@ -273,6 +273,8 @@ def test_bad_values_and_names_are_refused(shm_dir: Path) -> None:
             shelf["x"] = np.array([object()])
         with pytest.raises(UnsupportedStateError, match="non-empty strings"):
             shelf[""] = 1
+        with pytest.raises(UnsupportedStateError, match="not valid Unicode"):  # a UnicodeEncodeError
+            shelf["x"] = "a lone surrogate: \ud800"
         assert len(shelf) == 0 and shelf.seq == 1  # refused before any transaction began
 
 

@@ -67,6 +67,8 @@ def simulate_cmd(
         profile = _profile(loss_curve, job, ckpt_cost, persist, restart, steps)
         end_rule, failure_model = _end_rule(end), _failures(failures, mtbf)
         names = [n.strip() for n in policy.split(",") if n.strip()]
+        if not names:
+            raise fail(f"--policy {policy!r} names no policy; e.g. --policy young,coci")
         mtbf_s, restart_s = parse_duration(mtbf, "mtbf"), parse_duration(restart, "restart")
         policies = {n: policy_from_name(n, mtbf=mtbf_s, restart=restart_s) for n in names}
         results = []
@@ -229,8 +231,12 @@ def _profile(
     from crashsafe._units import parse_duration
     from crashsafe.sim import LossCurve, Profile, SimulationError
 
+    if steps < 1:
+        raise SimulationError(f"--steps {steps}: a run trains at least 1 step; e.g. --steps 2000")
     if path is None:
         total = parse_duration(job or "24h", "job")
+        if not total > 0:
+            raise SimulationError(f"--job {job}: the run must train for some time; e.g. --job 24h")
         curve = LossCurve.exponential(-3.0 / (total / 60.0), math.log(2.3), steps, total / steps, noise=0.05)
     else:
         curve = LossCurve.from_csv(path)

@@ -57,7 +57,11 @@ def _coerce_other(name: str, value: Any) -> tuple[str, Any]:
         base = next(t for t in _SCALAR_TYPES if isinstance(value, t))  # (None took the fast path)
         return "scalar", base(value)
     if isinstance(value, str):
-        return "str", value.encode()
+        try:
+            return "str", value.encode()
+        except UnicodeEncodeError as exc:
+            raise UnsupportedStateError(f"shelf[{name!r}]: the string is not valid Unicode ({exc.reason} at "
+                                        f"position {exc.start}); store it as bytes") from None
     if isinstance(value, (bytes, bytearray, memoryview)):
         return "bytes", bytes(value)
     if is_tensor(value):
