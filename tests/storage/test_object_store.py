@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,17 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 
 def _state(step: int, n: int = 1000) -> dict[str, Any]:
     return {"w": np.full(n, float(step)), "b": {"ints": np.arange(10) * step}, "step": step}
+
+
+def _entry(writer: StepWriter, path: str, array: np.ndarray[Any, Any]) -> PayloadEntry:
+    """``array`` written raw by ``writer``, as the payload ``path`` of a one-array state (``_tree``)."""
+    put = writer.write_payload(array.data)
+    where = (put.file, put.offset, put.nbytes, put.xxh3)
+    return PayloadEntry(path, "numpy", str(array.dtype), array.shape, *where, get_codec("raw").get_config())
+
+
+def _tree() -> dict[str, Any]:
+    return {"t": "dict", "keys": ["w"], "vals": [{"t": "array", "id": 0}]}
 
 
 def _is(state: dict[str, Any], step: int) -> None:
@@ -254,6 +266,56 @@ def test_a_writer_that_lost_its_lease_stops(bucket: str, options: dict[str, Any]
         mgr.save(2, _state(2))
     mgr.close()
     assert cs.CheckpointManager(url, storage_options=options, read_only=True).steps() == [1]
+
+
+def test_a_writer_cut_off_past_its_lease_commits_and_deletes_nothing(
+    bucket: str, options: dict[str, Any], proxy: FaultProxy
+) -> None:
+    """A writer's link to the store is down for longer than its lease. Its failed renewals pushed
+    its own expiry forward, so it went on saving beside a writer that had taken over, and its
+    retention deleted that writer's steps. Now its lease expires on time, and a commit or a deletion
+    checks the lease right before it happens (not only when a save starts): a writer paused there
+    past its lease committed a step whose shards the new writer had already removed."""
+    url = f"s3://{bucket}/run"
+    store = FsspecStore(url, _through(proxy, options), lease_seconds=2.0)
+    lease = store.lock()
+    writer = StepWriter(store, 1)
+    entry = _entry(writer, "w", np.ones(1000))
+    proxy.fault("drop", seconds=3.5)
+    time.sleep(3.0)  # past the lease, every renewal failing
+    with pytest.raises(cs.LockedError, match="expired before it could be renewed"):
+        lease.check()
+    time.sleep(1.0)  # the link is back: only the lease stops this writer now
+    with pytest.raises(cs.LockedError):
+        writer.commit(Manifest(1, time.time(), _tree(), (entry,), writer.files()))
+    with pytest.raises(cs.LockedError):
+        store.delete(1)
+    lease.release()
+    assert FsspecStore(url, options).steps() == []
+
+
+def test_a_mirror_whose_lease_was_taken_over_writes_and_deletes_nothing(
+    tmp_path: Path, bucket: str, options: dict[str, Any]
+) -> None:
+    """The mirror thread never checked its lease: after another writer took the mirror over, it
+    went on uploading there, and its retention deleted that writer's steps."""
+    url = f"s3://{bucket}/run"
+    mgr = cs.CheckpointManager(tmp_path / "local", mirror=url, storage_options=options, mirror_keep_last=1)
+    mgr.save(1, _state(1))
+    assert mgr.wait_mirror(60)
+    assert mgr._mirror is not None
+    mgr._mirror._lock._lost = "another writer took over the lease"  # type: ignore[attr-defined]
+    other = FsspecStore(url, options)  # that writer's step (its lease is not what this test is about)
+    writer = StepWriter(other, 5)
+    writer.commit(Manifest(5, time.time(), _tree(), (_entry(writer, "w", np.ones(10)),), writer.files()))
+    with pytest.warns(cs.MirrorWarning, match="another writer took over"):
+        mgr.save(2, _state(2))
+        mgr.wait_mirror(60)
+        mgr.save(3, _state(3))
+    assert FsspecStore(url, options).steps() == [1, 5]  # nothing uploaded, nothing deleted
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", cs.MirrorWarning)
+        mgr.close()
 
 
 @pytest.mark.parametrize("scheme", ["memory", "file"])

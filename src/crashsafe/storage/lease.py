@@ -53,9 +53,11 @@ class Lease(Lock):
     def _call(self, op: Callable[[], Any], what: str) -> Any:
         return with_retries(op, f"{what} ({self._location})")
 
-    def _body(self) -> bytes:
-        self._expires = time.time() + self._seconds
-        return json.dumps({"holder": self.holder, "expires": self._expires}).encode()
+    def _body(self) -> tuple[bytes, float]:
+        """A lease of ours expiring a lease length from now, and that time: it becomes this writer's
+        own expiry only once the write went through (a renewal that fails moves nothing forward)."""
+        expires = time.time() + self._seconds
+        return json.dumps({"holder": self.holder, "expires": expires}).encode(), expires
 
     def _read(self) -> tuple[dict[str, Any] | None, str | None]:
         """The lease as it is now ({} if unreadable) and its tag; (None, None) if there is none.
@@ -85,14 +87,17 @@ class Lease(Lock):
         process of this host. A lease that looks alive is watched until it should expire: if its
         holder renews it meanwhile, another writer is running (LockedError)."""
         fs = self._fs
+        new, expires = self._body()
         try:
-            self._call(lambda: fs.pipe_file(self._path, self._body(), mode="create"), "taking the lease")
+            self._call(lambda: fs.pipe_file(self._path, new, mode="create"), "taking the lease")
+            self._expires = expires
             return self._read()[1]
         except FileExistsError:
             pass
         body, tag = self._read()
         if body is not None and body.get("holder") == self.holder:
-            return tag  # ours: the creation went through, its answer was lost, and the retry met it
+            self._expires = expires  # ours: the creation went through, its answer was lost, and the
+            return tag  # retry met it
         left = _remaining(body)
         if left > 0 and not _dead_here(body):
             time.sleep(min(left, self._seconds) + 0.5)  # a live holder renews before it expires
@@ -112,7 +117,7 @@ class Lease(Lock):
     def _swap(self, tag: str | None) -> bool:
         """Replace the lease with ours if it is still the one tagged ``tag``."""
         fs = self._fs
-        body = self._body()
+        body, expires = self._body()
         if "s3" in _protocols(fs) and tag is not None and tag.startswith('"'):
             bucket, key, _ = fs.split_path(self._path)
             try:
@@ -124,12 +129,16 @@ class Lease(Lock):
                 if "pre-condition" in str(exc) or "Precondition" in str(exc):
                     # the lease changed; to ours if this very write went through and only its answer
                     # was lost (the retry then compared with the tag it had replaced)
-                    return bool(self._read()[0] == json.loads(body))
+                    ours = bool(self._read()[0] == json.loads(body))
+                    self._expires = expires if ours else self._expires
+                    return ours
                 raise
+            self._expires = expires
             return True
         if self._read()[1] != tag:
             return False
         self._call(lambda: fs.pipe_file(self._path, body), "renewing the writer lease")
+        self._expires = expires
         return True
 
     def _renew_loop(self) -> None:

@@ -67,6 +67,7 @@ class FsspecStore(Store):
     ) -> None:
         self._options = dict(storage_options)
         self._io: IOLoop | None = None  # a loop of its own (see background())
+        self._lease: Lease | None = None  # held by this writer: checked before each commit and deletion
         try:
             self.fs, path = fsspec.core.url_to_fs(url, **storage_options)
         except (ImportError, ValueError) as exc:
@@ -116,6 +117,7 @@ class FsspecStore(Store):
             io.stop()
             raise
         store._io = io
+        store._lease = self._lease
         return store
 
     def close(self) -> None:
@@ -177,9 +179,17 @@ class FsspecStore(Store):
     def begin(self, step: int, *, attempt: str | None = None, part: str | None = None) -> Draft:
         return _ObjectDraft(self, step, attempt, part)
 
+    def check_lease(self) -> None:
+        """LockedError if this store's writer lost its lease (taken over, or expired unrenewed): it
+        then commits and deletes nothing more, beside a writer that took over (a writer paused past
+        its lease, or cut off from the store, resumes here)."""
+        if self._lease is not None:
+            self._lease.check()
+
     def delete(self, step: int) -> None:
         """Remove the manifest (the step is gone for readers), then every object of the step. With the
         manifest gone already (a deletion cut short, or one whose answer was lost), the rest goes too."""
+        self.check_lease()
         name = step_name(step)
         with contextlib.suppress(FileNotFoundError):
             self._call(lambda: self.fs.rm_file(self.path(name, MANIFEST_NAME)), f"deleting step {step}")
@@ -211,6 +221,7 @@ class FsspecStore(Store):
         return found
 
     def remove_leftovers(self, names: Sequence[str]) -> None:
+        self.check_lease()
         self._remove(list(names))
 
     def _remove(self, keys: list[str]) -> None:
@@ -221,7 +232,8 @@ class FsspecStore(Store):
                 faults.reached("mid_delete")
 
     def lock(self) -> Lock:
-        return Lease(self.fs, self.path(LOCK_NAME), self.location, self.lease_seconds)
+        self._lease = Lease(self.fs, self.path(LOCK_NAME), self.location, self.lease_seconds)
+        return self._lease
 
     def stored_bytes(self, step: int) -> int:
         name = step_name(step)
@@ -498,8 +510,13 @@ class _ObjectDraft(Draft):
     def commit(self, manifest: bytes) -> None:
         """Upload the manifest last. An upload that failed may still have been carried out (its
         answer lost): the data files are deleted only once the manifest there is known not to be
-        this one, and the commit stands if it is."""
+        this one, and the commit stands if it is. A writer whose lease is lost commits nothing."""
         self.persist()
+        try:
+            self._store.check_lease()
+        except BaseException:
+            self.abort()  # (removes nothing: the shards are leftovers for the writer that took over)
+            raise
         try:
             self._put_manifest(manifest)
         except Exception as exc:
