@@ -318,6 +318,35 @@ def test_a_mirror_whose_lease_was_taken_over_writes_and_deletes_nothing(
         mgr.close()
 
 
+def test_a_step_deleted_while_it_is_read_has_vanished_not_failed(
+    bucket: str, options: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer's retention deletes a step between a reader's manifest and its shards: verify
+    leaves it out and load goes on to the step before, no damage reported. verify raised a bare
+    FileNotFoundError, and load took the step for damage."""
+    import crashsafe.storage.objectstore as objectstore
+
+    url = f"s3://{bucket}/run"
+    writer = cs.CheckpointManager(url, storage_options=options, keep_last=None, async_save=False)
+    fetch, doomed = objectstore._ObjectFile._fetch, []
+
+    def deleting(self: Any, starts: list[int], ends: list[int]) -> list[bytes]:
+        if doomed and f"/{step_name(doomed[0])}/" in self._path:
+            writer.delete([doomed.pop()])  # as the writer's retention does, mid-read
+        return fetch(self, starts, ends)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(objectstore._ObjectFile, "_fetch", deleting)
+    for step in (1, 2, 3):
+        writer.save(step, _state(step))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", cs.CorruptCheckpointWarning)
+        doomed.append(3)
+        assert cs.verify(url, storage_options=options).intact == [1, 2]
+        doomed.append(2)
+        _is(cs.CheckpointManager(url, storage_options=options, read_only=True).load(), 1)
+    writer.close()
+
+
 @pytest.mark.parametrize("scheme", ["memory", "file"])
 def test_other_fsspec_urls(tmp_path: Path, scheme: str) -> None:
     url = f"memory://crashsafe-test-{time.time_ns()}/run" if scheme == "memory" else f"file://{tmp_path}/run"

@@ -310,10 +310,13 @@ class _ObjectFile(StoredFile):
 
     def _fetch(self, starts: list[int], ends: list[int]) -> list[bytes]:
         fs = self._store.fs
-        parts: list[bytes] = self._store._call(
-            lambda: fs.cat_ranges([self._path] * len(starts), starts, ends, on_error="raise"),
-            f"reading {self._path}",
-        )
+        try:
+            parts: list[bytes] = self._store._call(
+                lambda: fs.cat_ranges([self._path] * len(starts), starts, ends, on_error="raise"),
+                f"reading {self._path}",
+            )
+        except FileNotFoundError:  # damage, or (the reader finds out) a step deleted while read
+            raise CorruptCheckpointError(f"{self._where}: {self._path} is missing") from None
         if [len(p) for p in parts] != [e - s for s, e in zip(starts, ends, strict=True)]:
             raise CorruptCheckpointError(f"{self._where}: {self._path} ended early")
         return parts
