@@ -130,6 +130,8 @@ def from_copies(stores: Sequence[Store], step: int, read: Callable[[Store], _T],
     """``read(store)`` of the first copy of ``step`` (local tier first) that reads intact: a damaged
     copy falls back to the next tier's copy of the same step, with a warning. With no tier holding
     it, the first store's error says the step is not committed."""
+    if len(stores) == 1:  # one tier: no listing needed (a request, on an object store)
+        return read(stores[0])
     copies = [store for store in stores if step in store.steps()] or [stores[0]]
     for store in copies[:-1]:
         try:

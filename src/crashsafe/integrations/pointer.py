@@ -65,34 +65,44 @@ def settle_pointer(path: Path, name: str) -> None:
     """Make the pointer at ``path`` durable with its mtime now: Lightning resumes ``ckpt_path="last"``
     from the newest-modified candidate, so a re-saved ``last.ckpt`` must look new. A pointer to
     ``name`` already there is touched and fsynced (its bytes stay); anything else is replaced."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:  # nothing there, or a link (ELOOP): write a pointer of its own
-        write_pointer(path, name)
-        return
-    try:
-        mine = stat.S_ISREG(os.fstat(fd).st_mode) and _named(os.read(fd, _MAX_BYTES)) == name
-        if mine:
-            os.utime(fd)
-            os.fsync(fd)
-    finally:
-        os.close(fd)
+    fd = _open_own(path)
+    mine = False
+    if fd is not None:
+        try:
+            mine = _named(os.read(fd, _MAX_BYTES)) == name
+            if mine:
+                os.utime(fd)
+                os.fsync(fd)
+        finally:
+            os.close(fd)
     if mine:
         _fsync_dir(path.parent)  # its name may come from a write_pointer(durable=False)
     else:
-        write_pointer(path, name)
+        write_pointer(path, name)  # nothing there, a link, a FIFO, or another file
 
 
 def names_itself(path: Path) -> bool:
     """True if ``path`` is a regular file (not a link) holding a pointer to its own name."""
+    fd = _open_own(path)
+    if fd is None:
+        return False
+    try:
+        return _named(os.read(fd, _MAX_BYTES)) == path.name
+    finally:
+        os.close(fd)
+
+
+def _open_own(path: Path) -> int | None:
+    """A read-only fd of the regular file at ``path`` itself (never a link's target, never waiting
+    on a FIFO); None if something else, or nothing, is there."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
-        return False
-    try:
-        return stat.S_ISREG(os.fstat(fd).st_mode) and _named(os.read(fd, _MAX_BYTES)) == path.name
-    finally:
-        os.close(fd)
+        return None
+    if stat.S_ISREG(os.fstat(fd).st_mode):
+        return fd
+    os.close(fd)
+    return None
 
 
 def remove_pointer(path: Path) -> None:
