@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from crashsafe._closing import Closing
+from crashsafe._cuda import DeviceUpload
 from crashsafe.codecs.base import Codec, DeltaCodec, Reference
 from crashsafe.codecs.raw import Raw
 from crashsafe.codecs.registry import get_codec
@@ -132,14 +133,19 @@ class ChainReader(Closing):
         *,
         verify_only: bool = False,
         out: np.ndarray[Any, Any] | None = None,
+        upload: DeviceUpload | None = None,
     ) -> Any:
         """One payload of ``step``, decoded through its chain and verified (storage dtype).
 
         With ``out`` (C-contiguous, the payload's storage dtype and shape: the memory of a live
         tensor) it is decoded into ``out``, raw bytes read straight in and checksummed as they land,
-        and ``out`` is returned. If it turns out damaged, ``out`` may hold part of it."""
+        and ``out`` is returned. If it turns out damaged, ``out`` may hold part of it. With
+        ``upload`` (device memory) raw bytes go through its pinned bounce buffers, checksummed as
+        they land there, and a payload to decode is decoded into host memory, then copied once."""
         target = self._reader(step)
         try:
+            if upload is not None:
+                return self._upload(step, entry, upload)
             if out is not None:
                 return self._into(step, entry, out)
             return self._payload(step, entry, verify_only)
@@ -202,6 +208,16 @@ class ChainReader(Closing):
         for at, link in self._chain(step, entry):
             reference = self._link(codec, step, at, link, reference, out)
         return out
+
+    def _upload(self, step: int, entry: PayloadEntry, upload: DeviceUpload) -> None:
+        reader = self._reader(step)
+        if isinstance(self._codec(reader, entry), Raw) and entry.nbytes == entry.raw_nbytes:
+            stream = reader.stream(entry)
+            upload.fill(entry.nbytes, stream.read)
+            stream.finish()
+            return
+        dtype, shape = _layout(entry)
+        upload.put(self._into(step, entry, np.empty(shape, dtype=dtype)))
 
     def _payload(self, step: int, entry: PayloadEntry, verify_only: bool) -> Any:
         reader = self._reader(step)

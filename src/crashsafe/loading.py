@@ -13,6 +13,7 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
+from crashsafe._cuda import DeviceUpload, is_cuda
 from crashsafe.chain import ChainReader
 from crashsafe.distributed.shards import Targets, read_sharded
 from crashsafe.errors import (
@@ -52,12 +53,18 @@ ARRAY_NODES = ("array", "view")  # tree nodes that point at a payload by its ind
 
 
 def read_state(
-    store: Store, step: int, numpy: bool, rank: int = 0, targets: Targets | None = None
+    store: Store,
+    step: int,
+    numpy: bool,
+    rank: int = 0,
+    targets: Targets | None = None,
+    device: Any = None,
 ) -> dict[str, Any]:
     """The state ``rank`` saved as ``step`` (rank 0's for a rank the step did not have): tensors (or
     numpy arrays), arrays and python values, verified; only the payloads its tree uses are read.
     A DTensor's shards are assembled whole, or cut to ``targets[path]`` (the box of the live DTensor
-    it is restored into, any N ranks onto any M)."""
+    it is restored into, any N ranks onto any M). With ``device`` tensors are made there (a CUDA
+    device: read through pinned bounce buffers straight into device memory)."""
     try:
         with ChainReader(store) as chains:
             manifest = chains.manifest(step)
@@ -65,20 +72,49 @@ def read_state(
             values: list[Any] = [None] * len(manifest.payloads)  # a tree asks only for the arrays it uses
             for i in sorted(array_ids(tree)):
                 entry = manifest.payloads[i]
-                values[i] = read_value(chains, manifest, entry, numpy, targets)
+                values[i] = read_value(chains, manifest, entry, numpy, targets, device)
     except OSError as exc:
         raise reading_error(exc, store, step) from None
     return state_of(tree, values, step)
 
 
 def read_value(
-    chains: ChainReader, manifest: Manifest, entry: PayloadEntry, numpy: bool, targets: Targets | None = None
+    chains: ChainReader,
+    manifest: Manifest,
+    entry: PayloadEntry,
+    numpy: bool,
+    targets: Targets | None = None,
+    device: Any = None,
 ) -> Any:
-    """One payload of a step as the value it was saved as, verified (a shard: see :func:`read_state`)."""
+    """One payload of a step as the value it was saved as, verified (a shard: see :func:`read_state`),
+    a tensor on ``device`` if one is given."""
     target = None if targets is None else targets.get(entry.path)
+    onto = device is not None and entry.kind == "torch" and not numpy
     if entry.shard is None and target is None:
+        if onto:
+            return _on_device(chains, manifest.step, entry, device)
         return to_value(entry.kind, entry.dtype, chains.decode(manifest.step, entry), numpy)
-    return read_sharded(chains, manifest, entry, target, numpy)
+    value = read_sharded(chains, manifest, entry, target, numpy)
+    return value.to(device) if onto else value
+
+
+def _on_device(chains: ChainReader, step: int, entry: PayloadEntry, device: Any) -> Any:
+    """A payload as a new tensor on ``device``: a CUDA device's memory is filled through pinned
+    bounce buffers (raw payloads; others are decoded on the host, then copied once)."""
+    import torch
+
+    from crashsafe.format.dtypes import torch_dtype
+
+    tensor = torch.empty(entry.shape, dtype=torch_dtype(entry.dtype), device=device)
+    if not is_cuda(tensor):
+        return to_value(entry.kind, entry.dtype, chains.decode(step, entry)).to(tensor.device)
+    if tensor.numel():
+        upload = DeviceUpload(tensor.view(-1).view(torch.uint8))
+        try:
+            chains.decode(step, entry, upload=upload)
+        finally:
+            upload.finish()  # nothing lands in that memory later, even after damage
+    return tensor
 
 
 def state_of(tree: dict[str, Any], values: Sequence[Any], step: int) -> dict[str, Any]:
@@ -177,11 +213,12 @@ def listed_steps(stores: Sequence[Store], stacklevel: int = 2) -> list[list[int]
 
 
 def newest_intact(
-    stores: Sequence[Store], numpy: bool, stacklevel: int = 2
+    stores: Sequence[Store], numpy: bool, stacklevel: int = 2, device: Any = None
 ) -> tuple[int, dict[str, Any]] | None:
     """(step, state) of the newest step that reads back intact from any of ``stores`` (tried in
     order for one step: a local copy before its mirror), or None if there is no step at all."""
-    return newest(stores, lambda store, step, last: read_state(store, step, numpy), stacklevel + 1)
+    read = lambda store, step, last: read_state(store, step, numpy, device=device)  # noqa: E731
+    return newest(stores, read, stacklevel + 1)
 
 
 def newest(

@@ -90,6 +90,7 @@ class CheckpointManager:
             writes its part and rank 0 commits the step for all (docs/distributed.md).
         coordination_timeout: seconds a rank waits for the others at each exchange before it
             raises CoordinationError (a rank died or hangs), never hanging.
+        pinned_bytes: cap on the pinned host memory staging CUDA tensors (docs/state.md#cuda-tensors).
     """
 
     def __init__(
@@ -112,6 +113,7 @@ class CheckpointManager:
         mirror_keep_every: int | None = None,
         process_group: Any = None,
         coordination_timeout: float = DEFAULT_TIMEOUT,
+        pinned_bytes: int | None = None,
     ) -> None:
         self.keep = retention_policy(keep, keep_last, keep_every, default_last=3)  # None: keep every step
         self._mirror_keep = retention_policy(mirror_keep, mirror_keep_last, mirror_keep_every, "mirror_")
@@ -128,7 +130,7 @@ class CheckpointManager:
         self._lock: Lock | None = None
         self._store: Store | None = None  # a writer's store, held open for its lifetime
         self._mirror: Mirror | None = None
-        self._pool = StagingPool() if async_save else None
+        self._pool = StagingPool(pinned_bytes) if async_save else None
         self._executor: ThreadPoolExecutor | None = None
         self._pending: Future[SaveStats] | None = None
         self._pending_step: int | None = None
@@ -326,8 +328,7 @@ class CheckpointManager:
         return SaveStats(step, stall, persisted, manifest.raw_nbytes, manifest.stored_nbytes)
 
     def _retain_after(self, store: Store, saved: int | None) -> None:
-        """Retention once ``saved`` is committed (one process, or rank 0 once every rank heard it).
-        A deletion that fails is garbage left for later, never a failed save: a RetentionWarning."""
+        """Retention once ``saved`` is committed (rank 0's, for all): a failed deletion warns, never fails."""
         try:
             self._apply_retention(store, saved)
         except CrashsafeError as exc:
@@ -441,8 +442,7 @@ class CheckpointManager:
     @contextlib.contextmanager
     def _reading(self) -> Iterator[list[Store]]:
         """The stores to read, local tier first: a writer's own, or (readers) the locations opened
-        afresh, so a reader follows a directory that is replaced. A local directory that does not
-        exist (yet) counts as empty when there is a mirror."""
+        afresh, so a reader follows a replaced directory; a missing one is empty beside a mirror."""
         with contextlib.ExitStack() as stack:
             stores: list[Store] = []
             if self._store is not None and not self._closed:
@@ -501,6 +501,7 @@ class CheckpointManager:
         metric: str | None = None,
         mode: Mode = "min",
         mmap: bool = False,
+        device: Any = None,
     ) -> dict[str, Any]:
         """The state as saved: tensors, arrays and python values, checksums verified.
 
@@ -508,8 +509,21 @@ class CheckpointManager:
         :class:`CorruptCheckpointWarning`. An explicit damaged ``step`` raises; so does ``step="best"``
         (the :meth:`best_step` by ``metric`` and ``mode``). ``mmap=True`` (a local directory) gives raw
         payloads as read-only numpy views of the mapped files, never copied (crashsafe/mapping.py).
+        ``device`` (e.g. ``"cuda:0"``): tensors are made there, read straight into device memory.
         """
-        loaded = self._load(pick_step(step, metric, mode, self.best_step), numpy, mmap)
+        picked = pick_step(step, metric, mode, self.best_step)
+
+        def load(stores: list[Store]) -> tuple[int, dict[str, Any]] | None:
+            if self._collective is not None:
+                return self._collective.load(stores[0], picked, numpy, None, device)
+            if mmap:
+                return map_step(stores, picked, stacklevel=5)
+            if picked is None:
+                return newest_intact(stores, numpy, 5, device)
+            read = functools.partial(read_state, step=picked, numpy=numpy, device=device)
+            return picked, from_copies(stores, picked, read, 5)
+
+        loaded = self._read(load)
         if loaded is None:
             raise NoCheckpointError(f"no committed checkpoint in {self.directory}; nothing to load")
         return loaded[1]
@@ -533,20 +547,6 @@ class CheckpointManager:
             raise UnsupportedStateError(f"restore needs a dict of live objects, not a {type(state).__name__}")
         picked = pick_step(step, metric, mode, self.best_step)
         return self._read(lambda stores: restore_into(stores, state, picked, self._collective, stacklevel=5))
-
-    def _load(self, step: int | None, numpy: bool, mmap: bool = False) -> tuple[int, dict[str, Any]] | None:
-        """The step asked for, or the newest intact one (None if there is no step at all)."""
-
-        def load(stores: list[Store]) -> tuple[int, dict[str, Any]] | None:
-            if self._collective is not None:
-                return self._collective.load(stores[0], step, numpy, None)
-            if mmap:
-                return map_step(stores, step, stacklevel=6)
-            if step is not None:
-                return step, from_copies(stores, step, lambda store: read_state(store, step, numpy), 6)
-            return newest_intact(stores, numpy, stacklevel=6)
-
-        return self._read(load)
 
     def _read(self, read: Callable[[list[Store]], _T]) -> _T:
         """``read(stores)`` once the pending save is committed; damage found resets the planner."""

@@ -8,6 +8,9 @@ A step is restored in three phases:
    into fresh memory.
 2. Every other payload is read straight into its live tensor or array (raw), or decoded into it
    (zstd, delta chains, LC ...), verified chunk by chunk as it is read, several payloads at once.
+   A live CUDA tensor's payload is read into pinned bounce buffers, each chunk checksummed as it
+   lands and copied to the device while the next one is read (a payload to decode is decoded on
+   the host, then copied once).
 3. Modules, optimizers and containers take their values (``apply_into``), which are already there.
 
 Safety: a payload found damaged in phase 2 has already changed live memory. Restore then falls
@@ -28,6 +31,7 @@ from collections.abc import Callable, MutableMapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
+from crashsafe._cuda import DeviceUpload
 from crashsafe.chain import ChainReader
 from crashsafe.distributed.collective import Collective
 from crashsafe.distributed.shards import Targets, box_jobs, fill_from, live_targets, read_range
@@ -166,7 +170,13 @@ def _prepare(
 
 
 def _decode_into(chains: ChainReader, step: int, entry: PayloadEntry, into: Destination) -> None:
-    if into.box is None:
+    if into.device is not None:
+        upload = DeviceUpload(into.device)
+        try:
+            chains.decode(step, entry, upload=upload)
+        finally:
+            upload.finish()  # nothing lands in live memory after this returns, or after damage
+    elif into.box is None:
         chains.decode(step, entry, out=into.out)
     else:
         fill_from(chains, step, entry, into)

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from crashsafe._cuda import is_cuda
 from crashsafe.distributed.saving import PLAN_LATER, Listing, ReplicaPlanner
 from crashsafe.encoding import SavePlanner
 from crashsafe.format.manifest import Manifest, PayloadEntry
@@ -92,11 +93,12 @@ def take_snapshot(
     distributed save (``replicas``: its planner), the plan the ranks agreed (or PLAN_LATER: the plan
     is made in the background). Once a save ``checked`` the state in full, one process copies it in
     one walk and the background thread flattens the copy: the training thread pays for the copy,
-    not for the checks."""
+    not for the checks. CUDA tensors' copies are issued on their devices' copy streams before it
+    returns; the snapshot function waits for them (:meth:`StagingPool.settle`) before any byte is read."""
     if pool is not None and replicas is None and checked:
         copied = fast_copy(state, pool)  # None: a state it cannot judge, checked in full below
         if copied is not None:
-            return lambda: _snapshot_of(copied), None
+            return lambda: _snapshot_of(copied, pool), None
     tree, leaves = flatten(state)
     planned: Listing | None = None
     staged = leaves
@@ -105,10 +107,27 @@ def take_snapshot(
         staged = [leaves[i] for i in planned.writes]
     elif replicas is not None:  # it copies everything; the plan is made from the copies
         planned = PLAN_LATER
-    arrays = [view_bytes(leaf) for leaf in staged] if pool is None else pool.capture(staged)
-    return lambda: (tree, leaves, arrays), planned
+    if pool is None:
+        arrays = [view_bytes(leaf) for leaf in staged]
+        return lambda: (tree, leaves, arrays), planned
+    copies = pool.capture(staged)
+    return lambda: (tree, leaves, _landed(pool, staged, copies)), planned
 
 
-def _snapshot_of(copied: Any) -> Snapshot:
+def _landed(pool: StagingPool, leaves: list[ArrayLeaf], copies: list[Any]) -> list[np.ndarray[Any, Any]]:
+    """The staged bytes of ``leaves``, once the pool's device copies landed (a clone: in its buffer)."""
+    pool.settle()
+    return [
+        copy if isinstance(copy, np.ndarray) else pool.landed(leaf.path)
+        for leaf, copy in zip(leaves, copies, strict=True)
+    ]
+
+
+def _snapshot_of(copied: Any, pool: StagingPool) -> Snapshot:
+    pool.settle()
     tree, leaves = flatten(copied, check=False)  # the writer validates the manifest before its commit
-    return tree, leaves, [view_bytes(leaf) for leaf in leaves]
+    return (
+        tree,
+        leaves,
+        [pool.landed(leaf.path) if is_cuda(leaf.source) else view_bytes(leaf) for leaf in leaves],
+    )

@@ -85,10 +85,11 @@ class Collective:
         return self.agree(store.steps, "listing steps")
 
     def load(
-        self, store: Store, step: int | None, numpy: bool, targets: Targets | None
+        self, store: Store, step: int | None, numpy: bool, targets: Targets | None, device: Any = None
     ) -> tuple[int, dict[str, Any]] | None:
         """Every rank's part of ``step``, or of the newest step every rank reads intact."""
-        return self.first_intact(store, step, lambda at, _: read_state(store, at, numpy, self.rank, targets))
+        read = lambda at, _: read_state(store, at, numpy, self.rank, targets, device)  # noqa: E731
+        return self.first_intact(store, step, read)
 
     def first_intact(
         self, store: Store, step: int | None, attempt: Callable[[int, bool], _T]

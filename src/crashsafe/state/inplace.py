@@ -2,8 +2,9 @@
 
 A payload is read (or decoded) into a live tensor or array only where nothing between the
 checkpoint and that memory could change what ends up there, so the result is exactly what
-``apply_into`` would have copied: a plain CPU tensor or numpy array at the same place in the state,
-of the saved element type and shape, C-contiguous, writable, overlapping no other destination;
+``apply_into`` would have copied: a plain CPU or CUDA tensor or a numpy array at the same place in
+the state, of the saved element type and shape, C-contiguous, writable, overlapping no other
+destination (a CUDA tensor takes a payload saved whole, through pinned bounce buffers);
 inside a module only if every loader of its submodules is torch's own (no hooks, no overrides but
 the normalisation layers' key upgrades) and inside an optimizer only if it has no load hooks. A
 live DTensor takes the saved shards of its array into the memory of its local tensor, its *box* in
@@ -19,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from crashsafe._cuda import is_cuda
 from crashsafe._torch import is_tensor, loaded_torch
 from crashsafe.errors import CrashsafeError
 from crashsafe.format.dtypes import storage_dtype, torch_dtype_name
@@ -53,11 +55,13 @@ _OPTIMIZER_HOOKS = ("_optimizer_load_state_dict_pre_hooks", "_optimizer_load_sta
 class Destination:
     """A live tensor or array a payload goes into: ``value`` stands for the saved value in the state
     restore rebuilds (it *is* the live object), ``out`` is its memory in the payload's storage dtype;
-    for a live DTensor, ``box`` is where ``out`` (its local tensor) sits in the global tensor."""
+    for a live DTensor, ``box`` is where ``out`` (its local tensor) sits in the global tensor. A
+    CUDA tensor's memory is ``device`` instead (flat uint8), and ``out`` is an empty placeholder."""
 
     value: Any
     out: np.ndarray[Any, Any]
     box: Box | None = None
+    device: Any = None
 
 
 def live_destinations(
@@ -112,6 +116,9 @@ def _destination(live: Any, entry: PayloadEntry) -> Destination | None:
             return None
         out = _memory_of(local, entry.kind, entry.dtype, tuple(local.shape))
         return None if out is None else Destination(live, out, (shard.offset, tuple(local.shape)))
+    if is_cuda(live):
+        device = _device_memory(live, entry, whole)
+        return None if device is None else Destination(live, np.empty(0, np.uint8), None, device)
     out = _memory_of(live, entry.kind, entry.dtype, whole)
     if out is None:
         return None
@@ -147,13 +154,44 @@ def _memory_of(live: Any, kind: str, dtype_name: str, shape: tuple[int, ...]) ->
     return None
 
 
+def _device_memory(live: Any, entry: PayloadEntry, shape: tuple[int, ...]) -> Any:
+    """A live CUDA tensor's memory as a flat uint8 tensor, for a payload saved whole, or None if it is
+    not a plain, contiguous tensor of exactly the payload's type (as :func:`_memory_of` asks)."""
+    torch = loaded_torch()
+    assert torch is not None
+    if (
+        type(live) not in (torch.Tensor, torch.nn.Parameter)
+        or entry.kind != "torch"
+        or entry.shard is not None
+        or live.layout != torch.strided
+        or not live.is_contiguous()
+        or live.is_inference()
+        or live.is_conj()
+        or live.is_neg()
+        or torch_dtype_name(live.dtype) != entry.dtype
+        or tuple(live.shape) != shape
+    ):
+        return None
+    return live.detach().reshape(-1).view(torch.uint8)
+
+
+def _span(d: Destination) -> tuple[str, int, int]:
+    """(memory space, start, end) of a destination's memory."""
+    if d.device is not None:
+        start = d.device.data_ptr()
+        return str(d.device.device), start, start + d.device.numel()
+    return "cpu", d.out.ctypes.data, d.out.ctypes.data + d.out.nbytes
+
+
 def _without_overlaps(found: dict[int, Destination]) -> dict[int, Destination]:
     """Drop destinations whose memory overlaps another's (two places of the state sharing memory
     that the checkpoint holds apart): those are copied in order, as before."""
-    spans = sorted((d.out.ctypes.data, d.out.ctypes.data + d.out.nbytes, i) for i, d in found.items())
+    spans = sorted((*_span(d), i) for i, d in found.items())
     clash: set[int] = set()
-    reach, widest = -1, -1  # the furthest end so far, and whose
-    for start, end, i in spans:
+    space, reach, widest = "", -1, -1  # the memory space, the furthest end so far in it, and whose
+    for where, start, end, i in spans:
+        if where != space:
+            space, reach, widest = where, -1, -1
         if start < reach:  # overlaps the widest span before it (and any other it meets was marked)
             clash |= {i, widest}
         if end > reach:

@@ -53,6 +53,7 @@ def fast_copy(state: object, pool: StagingPool) -> Any | None:
     with ``state_dict()`` as a StatefulCopy of it), or None if it holds anything ``detached_copy`` must judge:
     an unsupported or unusual value, a path two arrays would share, tensors overlapping in memory
     other than as one tensor saved twice."""
+    pool.begin()
     walk = _Walk(pool)
     try:
         copied = walk.value(state, "", _ROOT, 0)
@@ -61,6 +62,7 @@ def fast_copy(state: object, pool: StagingPool) -> Any | None:
     if walk.overlapping():
         return None
     walk.copy()
+    pool.issue()
     pool.retain(walk.paths)
     return copied
 
@@ -70,7 +72,7 @@ class _Walk:
         self.pool = pool
         self.paths: set[str] = set()
         self.tensors: dict[tuple[Any, ...], Any] = {}  # (address, dtype, shape, stride) -> its copy
-        self.spans: list[tuple[int, int, tuple[Any, ...]]] = []
+        self.spans: list[tuple[Any, int, int]] = []  # (device, start, end) of each tensor's memory
         self.copies: list[tuple[Any, Any]] = []  # (staged buffer, live tensor)
         torch = loaded_torch()
         self.tensor_types = (torch.Tensor, torch.nn.Parameter) if torch is not None else ()
@@ -160,11 +162,11 @@ class _Walk:
             if not tensor.is_contiguous():
                 last = sum((d - 1) * s for d, s in zip(same[2], same[3], strict=True))
                 nbytes = (last + 1) * tensor.itemsize
-            self.spans.append((start, start + nbytes, same))
+            self.spans.append((str(same[4]), start, start + nbytes))
         if path in self.paths:
             raise _Unusual  # two arrays with one dotted path: flatten refuses it
         self.paths.add(path)
-        copied = self.pool.staged(path, name, same[2]) if nbytes else None
+        copied = self.pool.staged(path, name, same[2]) if nbytes and tensor.is_cpu else None
         if copied is not None:
             self.copies.append((copied, tensor))  # copied at the end, all in one call
         else:
@@ -173,8 +175,9 @@ class _Walk:
         return copied
 
     def copy(self) -> None:
-        """The copies into earlier buffers: one torch call (one release of the GIL, during which
-        another thread could hold it for a switch interval), or one by one off the CPU."""
+        """The copies of CPU tensors into earlier buffers: one torch call (one release of the GIL,
+        during which another thread could hold it for a switch interval). CUDA tensors' copies were
+        queued on the pool's copy streams as they were found."""
         if not self.copies:
             return
         targets, sources = zip(*self.copies, strict=True)
@@ -182,7 +185,7 @@ class _Walk:
         assert torch is not None
         foreach = getattr(torch, "_foreach_copy_", None)
         with torch.no_grad():  # parameters are copied as values (cheaper than a detach() each)
-            if foreach is not None and all(t.is_cpu for t in sources):
+            if foreach is not None:
                 foreach(list(targets), list(sources))
             else:
                 for target, source in zip(targets, sources, strict=True):
@@ -197,8 +200,8 @@ class _Walk:
     def overlapping(self) -> bool:
         """True if two different tensors share memory (a view of another): detached_copy keeps
         such views as views."""
-        spans = sorted(self.spans, key=lambda s: s[0])
-        return any(b[0] < a[1] for a, b in itertools.pairwise(spans))
+        spans = sorted(self.spans)
+        return any(a[0] == b[0] and b[1] < a[2] for a, b in itertools.pairwise(spans))
 
 
 def _join(parent: str, key: object) -> str:

@@ -2,16 +2,23 @@
 (async saves, so training may continue) or viewed without a copy (sync saves).
 
 Staging buffers are allocated once, pre-faulted (the first touch of fresh memory is ~7x slower
-than a copy into warm memory) and reused by every later save of the same shapes.
+than a copy into warm memory) and reused by every later save of the same shapes. A CUDA tensor's
+buffer is pinned (page-locked) host memory, up to a cap: the link copies into it at full speed and
+asynchronously, on the device's copy stream (:mod:`crashsafe._cuda`). Pinning is slow, so a tensor
+seen for the first time is cloned on its device instead, where the device has room (a copy at
+device-memory speed), and the background writer pins its buffer and copies it down.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from crashsafe._cuda import DeviceCopies, default_pinned_limit, device_room, is_cuda, pinned_buffer
 from crashsafe._memory import alloc_bytes
 from crashsafe.format.dtypes import storage_dtype
 from crashsafe.state.rebuild import to_value, unflatten
@@ -29,31 +36,81 @@ class _Slot:
     key: tuple[str, str, tuple[int, ...]]  # kind, dtype, shape
     typed: np.ndarray[Any, Any]
     tensor: Any  # a torch view of ``buffer`` for torch leaves, else None
+    pinned: int = 0  # bytes of ``buffer`` that are page-locked
 
 
 class StagingPool:
-    """Staging buffers by state path; one buffer per leaf, reused while its size is unchanged."""
+    """Staging buffers by state path; one buffer per leaf, reused while its size is unchanged.
 
-    def __init__(self) -> None:
+    Copies of CUDA tensors are queued while the state is walked and issued together by
+    :meth:`issue`; the thread that reads the buffers first calls :meth:`settle`, which waits for
+    them (and brings down the clones of tensors seen for the first time). ``pinned_bytes`` caps the
+    page-locked staging memory (default: :func:`~crashsafe._cuda.default_pinned_limit`); tensors
+    beyond it are staged in pageable memory, at a third of the link's speed, said once in a warning.
+    """
+
+    def __init__(self, pinned_bytes: int | None = None) -> None:
         self._slots: dict[str, _Slot] = {}
+        self._pinned_limit = pinned_bytes
+        self._copies = DeviceCopies()
+        self._clones: dict[str, ArrayLeaf] = {}  # path -> the leaf, its source a clone on its device
+        self._room: dict[int, int] = {}  # device -> bytes left for clones in this snapshot
+        self._warned = False
 
     @property
     def nbytes(self) -> int:
         return sum(slot.buffer.nbytes for slot in self._slots.values())
 
-    def capture(self, leaves: list[ArrayLeaf]) -> list[np.ndarray[Any, Any]]:
-        """Copy every leaf into its staging buffer; return typed views of the copies."""
+    @property
+    def pinned_nbytes(self) -> int:
+        return sum(slot.pinned for slot in self._slots.values())
+
+    def capture(self, leaves: list[ArrayLeaf], *, clones: bool = True) -> list[Any]:
+        """Copy every leaf into its staging buffer; return typed views of the copies (for a CUDA
+        tensor seen for the first time, with ``clones``, its clone on the device: see :meth:`landed`).
+        Device copies are issued before it returns; their bytes are there after :meth:`settle`."""
+        self.begin()
         self.retain({leaf.path for leaf in leaves})
-        return [self._copy(leaf) for leaf in leaves]
+        copies = [self._copy(leaf, clones) for leaf in leaves]
+        self.issue()
+        return copies
+
+    def begin(self) -> None:
+        """Start a snapshot: forget device copies queued by one that was given up."""
+        self._copies = DeviceCopies()
+        self._clones.clear()
+        self._room.clear()
 
     def stage(self, leaf: ArrayLeaf) -> Any:
         """Copy one leaf into its staging buffer; return the copy as the leaf's own kind (a torch
-        tensor for a tensor, else the typed array)."""
-        typed = self._copy(leaf)
-        if leaf.kind != "torch":
+        tensor for a tensor, else the typed array). A CUDA tensor's copy is queued (:meth:`issue`)."""
+        typed = self._copy(leaf, True)
+        if leaf.kind != "torch" or not isinstance(typed, np.ndarray):
             return typed
         tensor = self._slots[leaf.path].tensor
         return tensor if tensor is not None else to_value("torch", leaf.dtype, typed)  # 0 bytes
+
+    def issue(self) -> None:
+        """Issue the queued device copies (ordered after the training stream, which waits for them)."""
+        self._copies.issue()
+        self._room.clear()
+
+    def settle(self) -> None:
+        """Wait until every issued copy landed in its staging buffer, and copy each clone of a
+        first-seen tensor into a newly pinned buffer (off the training thread: pinning is slow)."""
+        self._copies.wait()
+        if not self._clones:
+            return
+        landing = DeviceCopies()
+        for leaf in self._clones.values():
+            landing.add(self._slot(leaf).tensor, leaf.source)
+        landing.issue(ordered=False)  # the clones are the copy stream's own: nothing to wait for
+        landing.wait()
+        self._clones.clear()
+
+    def landed(self, path: str) -> np.ndarray[Any, Any]:
+        """The typed staging buffer of ``path`` (after :meth:`settle`: a clone's values are there)."""
+        return self._slots[path].typed
 
     def staged(self, path: str, dtype: str, shape: tuple[int, ...]) -> Any | None:
         """The torch view of the buffer an earlier save staged a tensor of this dtype and shape in
@@ -73,8 +130,12 @@ class StagingPool:
         slot = self._slots.get(leaf.path)
         if slot is not None and slot.key == key:
             return slot
+        pinned = 0
         if slot is not None and slot.buffer.nbytes == leaf.nbytes:
-            buffer = slot.buffer
+            buffer, pinned = slot.buffer, slot.pinned
+        elif is_cuda(leaf.source) and self._may_pin(leaf.nbytes - (slot.pinned if slot else 0)):
+            self._slots.pop(leaf.path, None)  # its pinned bytes are free again
+            buffer, pinned = pinned_buffer(leaf.nbytes).numpy(), leaf.nbytes
         else:
             buffer = alloc_bytes(leaf.nbytes, prefault=True)
         typed = buffer.view(storage_dtype(leaf.dtype)).reshape(leaf.shape)
@@ -83,10 +144,28 @@ class StagingPool:
             import torch
 
             tensor = torch.from_numpy(buffer).view(leaf.source.dtype).view(leaf.shape)
-        slot = self._slots[leaf.path] = _Slot(buffer, key, typed, tensor)
+        slot = self._slots[leaf.path] = _Slot(buffer, key, typed, tensor, pinned)
         return slot
 
-    def _copy(self, leaf: ArrayLeaf) -> np.ndarray[Any, Any]:
+    def _may_pin(self, nbytes: int) -> bool:
+        """Whether ``nbytes`` more pinned bytes stay within the cap (warned once when they do not)."""
+        limit = default_pinned_limit() if self._pinned_limit is None else self._pinned_limit
+        if self.pinned_nbytes + nbytes <= limit:
+            return True
+        if not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"staging CUDA tensors needs more than pinned_bytes={limit} bytes of pinned host memory; "
+                "the rest is staged in pageable memory, which the GPU copies into about 3x slower and "
+                "synchronously. Raise pinned_bytes if the machine has the memory",
+                ResourceWarning,
+                stacklevel=2,
+            )
+        return False
+
+    def _copy(self, leaf: ArrayLeaf, clones: bool) -> Any:
+        if leaf.nbytes and is_cuda(leaf.source):
+            return self._copy_from_device(leaf, clones)
         slot = self._slot(leaf)
         if leaf.nbytes == 0:
             return slot.typed
@@ -98,8 +177,28 @@ class StagingPool:
             np.copyto(slot.typed, leaf.source)
         return slot.typed
 
+    def _copy_from_device(self, leaf: ArrayLeaf, clones: bool) -> Any:
+        """Queue a CUDA tensor's copy into its pinned buffer; with ``clones``, a tensor that has no
+        buffer yet is cloned on its device instead, if the device has room for the clone."""
+        source = leaf.source.detach()
+        slot = self._slots.get(leaf.path)
+        if clones and (slot is None or slot.buffer.nbytes != leaf.nbytes):
+            device = source.device.index
+            room = self._room.get(device)
+            room = self._room[device] = device_room(source.device) if room is None else room
+            if leaf.nbytes <= room:
+                self._room[device] = room - leaf.nbytes
+                clone = self._copies.clone_of(source)
+                self._clones[leaf.path] = dataclasses.replace(leaf, source=clone)
+                return clone
+        slot = self._slot(leaf)
+        self._copies.add(slot.tensor, source)
+        return slot.typed
+
     def clear(self) -> None:
+        self._copies.wait()
         self._slots.clear()
+        self._clones.clear()
 
 
 def view_bytes(leaf: ArrayLeaf) -> np.ndarray[Any, Any]:
@@ -138,6 +237,7 @@ def detached_copy(state: object, pool: StagingPool) -> Any:
     ``state_dict()`` become that dict.
     """
     tree, leaves = flatten(state)
-    arrays = pool.capture(leaves)
+    arrays = pool.capture(leaves, clones=False)
+    pool.settle()  # its caller reads the copy on another thread at once
     values = [to_value(leaf.kind, leaf.dtype, array) for leaf, array in zip(leaves, arrays, strict=True)]
     return unflatten(tree, values)

@@ -22,7 +22,7 @@ from crashsafe.format.manifest import MAX_MANIFEST_BYTES, Manifest, PayloadEntry
 from crashsafe.storage.base import Store, StoredFile, StoredStep
 from crashsafe.storage.mapped import MappedFile, map_file
 
-__all__ = ["StepReader", "read_manifest"]
+__all__ = ["PayloadStream", "StepReader", "read_manifest"]
 
 _CHECK_CHUNK = 8 << 20
 _READ_CHUNK = 2 << 20  # read into place, then checksummed while it is still in the CPU cache
@@ -115,35 +115,21 @@ class StepReader(Closing):
     def read_into(self, entry: PayloadEntry, out: np.ndarray[Any, Any]) -> None:
         """Read a payload's stored bytes straight into ``out`` (a C-contiguous array of exactly
         ``entry.nbytes`` bytes, e.g. a live tensor's memory), a chunk at a time, each checksummed
-        right after it lands, while it is still in the CPU cache. From the page cache a chunk is
-        copied out of the mapped file (memcpy speed, faster than ``preadv``); once a chunk comes from
-        the disk, the rest is read with large ``preadv`` calls, which the disk serves faster than
-        page faults. A store that cannot map reads the payload in one call (a remote store fetches
-        it in ranges of its own choosing). On damage ``out`` holds unverified bytes: the caller
-        decides what that means for the memory it passed. (Checksumming chunk i on another thread
-        while chunk i+1 is copied was slower here: the hand-offs cost more than a cached checksum.)"""
+        right after it lands, while it is still in the CPU cache (see :class:`PayloadStream`). On
+        damage ``out`` holds unverified bytes: the caller decides what that means for the memory
+        it passed. (Checksumming chunk i on another thread while chunk i+1 is copied was slower
+        here: the hand-offs cost more than a cached checksum.)"""
         dest = out.reshape(-1).view(np.uint8)
         if dest.size != entry.nbytes:
             raise ValueError(f"payload '{entry.path}' is {entry.nbytes} bytes, the buffer {dest.size}")
-        mapped = self._mapped(entry.file)
-        digest = _Verifier(self.where, entry, 0, entry.nbytes)
-        start = 0
-        while mapped is not None and start < entry.nbytes:
-            chunk = dest[start : start + _READ_CHUNK]
-            began = time.perf_counter()
-            view = mapped.view(entry.offset + start, chunk.size)
-            slow = time.perf_counter() - began > chunk.size / _CACHED_BYTES_PER_SECOND
-            np.copyto(chunk, view)
-            digest.update(chunk.data)
-            start += chunk.size
-            if slow:
-                break  # from the disk: the rest by large reads
-        step = _DISK_CHUNK if mapped is not None else max(entry.nbytes, 1)
-        for begin in range(start, entry.nbytes, step):
-            part = dest[begin : begin + step]
-            self._files[entry.file].read_into(part.data, entry.offset + begin)
-            digest.update(part.data)
-        digest.finish()
+        stream = self.stream(entry)
+        stream.read(dest)
+        stream.finish()
+
+    def stream(self, entry: PayloadEntry) -> PayloadStream:
+        """A payload's stored bytes, to be read in order into buffers of the caller's choosing (a
+        ring of pinned buffers on their way to a GPU), each part checksummed as it lands."""
+        return PayloadStream(self, entry)
 
     def cached(self, entry: PayloadEntry, start: int = 0, stop: int | None = None) -> bool:
         """Whether the first of a payload's bytes ``[start, stop)`` (what a reader reads of it) are
@@ -203,6 +189,48 @@ class StepReader(Closing):
             file.close()
         self._files.clear()
         self._stored.close()
+
+
+class PayloadStream:
+    """A payload's stored bytes read in order into the caller's buffers, checksummed as they land.
+    From the page cache a chunk is copied out of the mapped file (memcpy speed, faster than
+    ``preadv``); once a chunk comes from the disk, the rest is read with large ``preadv`` calls,
+    which the disk serves faster than page faults. A store that cannot map reads in one call per
+    buffer (a remote store fetches it in ranges of its own choosing). :meth:`finish` raises
+    CorruptCheckpointError unless every byte arrived intact."""
+
+    def __init__(self, reader: StepReader, entry: PayloadEntry) -> None:
+        self._entry = entry
+        self._file = reader._files[entry.file]
+        self._mapped = reader._mapped(entry.file)
+        self._local = self._mapped is not None  # a mapped file: large reads once it is slow
+        self._digest = _Verifier(reader.where, entry, 0, entry.nbytes)
+        self._at = 0  # bytes of the payload read so far
+
+    def read(self, dest: np.ndarray[Any, Any]) -> None:
+        """Fill ``dest`` (a flat uint8 array) with the payload's next ``dest.size`` bytes."""
+        if self._at + dest.size > self._entry.nbytes:
+            raise ValueError(f"payload '{self._entry.path}' has only {self._entry.nbytes} bytes")
+        offset, done = self._entry.offset + self._at, 0
+        while self._mapped is not None and done < dest.size:
+            chunk = dest[done : done + _READ_CHUNK]
+            began = time.perf_counter()
+            view = self._mapped.view(offset + done, chunk.size)
+            slow = time.perf_counter() - began > chunk.size / _CACHED_BYTES_PER_SECOND
+            np.copyto(chunk, view)
+            self._digest.update(chunk.data)
+            done += chunk.size
+            if slow:
+                self._mapped = None  # from the disk: the rest by large reads
+        step = _DISK_CHUNK if self._local else max(dest.size, 1)
+        for begin in range(done, dest.size, step):
+            part = dest[begin : begin + step]
+            self._file.read_into(part.data, offset + begin)
+            self._digest.update(part.data)
+        self._at += dest.size
+
+    def finish(self) -> None:
+        self._digest.finish()
 
 
 class _Verifier:

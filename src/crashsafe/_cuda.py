@@ -1,0 +1,225 @@
+"""CUDA copies for snapshots and restores, without importing torch: pinned host memory, one copy
+stream per device, and the events that order those copies against the training stream.
+
+The ordering rule (docs/design.md, rule 15): a snapshot's copies run on the device's copy stream
+after everything already queued on the stream that is current when ``save`` is called (the training
+stream), and that stream then waits for the copies before its next kernel. So whatever training
+launches after ``save`` returns, on that stream or on any stream ordered after it, runs after the
+copy: it can never reach the checkpoint. Work on a stream that is not ordered after the training
+stream must be ordered by its author, as for any other reader of the same tensors.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from crashsafe._torch import loaded_torch
+
+__all__ = [
+    "DeviceCopies",
+    "DeviceUpload",
+    "copy_stream",
+    "default_pinned_limit",
+    "device_room",
+    "is_cuda",
+    "pinned_buffer",
+]
+
+CHUNK = 16 << 20  # bytes a bounce buffer carries host-to-device at a time
+DEPTH = 3  # bounce buffers per upload: one being read into while the others cross the link
+_SMALL = 1 << 20  # payloads below this are copied in one call, without the ring's events
+
+_STREAMS: dict[int, Any] = {}  # device index -> its copy stream
+_RINGS: list[_Ring] = []  # bounce-buffer rings not in use, reused across restores
+_LOCK = threading.Lock()
+
+
+def _torch() -> Any:
+    torch = loaded_torch()
+    assert torch is not None, "CUDA tensors imply torch is imported"
+    return torch
+
+
+def is_cuda(value: Any) -> bool:
+    """True for a torch tensor in CUDA device memory."""
+    device = getattr(value, "device", None)
+    return getattr(device, "type", None) == "cuda"
+
+
+def copy_stream(device: Any) -> Any:
+    """The stream crashsafe copies on for ``device`` (made once per device and process)."""
+    torch = _torch()
+    index = torch.device(device).index
+    index = torch.cuda.current_device() if index is None else index
+    with _LOCK:
+        stream = _STREAMS.get(index)
+        if stream is None:
+            stream = _STREAMS[index] = torch.cuda.Stream(device=index)
+    return stream
+
+
+def pinned_buffer(nbytes: int) -> Any:
+    """A uint8 host tensor in page-locked memory: the link copies it at full speed, asynchronously."""
+    torch = _torch()
+    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+
+
+def default_pinned_limit() -> int:
+    """Pinned bytes a process may hold for staging by default: half the machine's memory, shared
+    among the processes of one host (``LOCAL_WORLD_SIZE``), since page-locked memory cannot be
+    swapped out and too much of it starves everything else."""
+    try:
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        total = 16 << 30
+    try:
+        local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        local = 1
+    return int(total // (2 * local))
+
+
+def device_room(device: Any) -> int:
+    """Bytes ``device`` can give a temporary copy without evicting anything: what the driver has
+    free plus what torch's caching allocator holds unused, less a tenth of the card as margin."""
+    torch = _torch()
+    free, total = torch.cuda.mem_get_info(device)
+    cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return int(free + cached - total // 10)
+
+
+@dataclass
+class DeviceCopies:
+    """The device copies of one snapshot, queued as the state is walked and issued together on
+    each device's copy stream (:meth:`issue`, on the training thread), then waited for by the thread
+    that writes the snapshot (:meth:`wait`) before it reads a byte of them."""
+
+    _queued: dict[int, list[tuple[Any, Any]]] = field(default_factory=dict)  # device -> (target, source)
+    _events: list[Any] = field(default_factory=list)
+    _sources: list[Any] = field(default_factory=list)  # kept alive until their copies landed
+
+    def add(self, target: Any, source: Any) -> None:
+        """Queue copying CUDA tensor ``source`` into ``target`` (pinned host memory, or a device clone)."""
+        self._queued.setdefault(source.device.index, []).append((target, source))
+
+    def clone_of(self, source: Any) -> Any:
+        """A new tensor on ``source``'s device, made on its copy stream, that :meth:`issue` fills
+        with ``source``'s values (a device-to-device copy: a first save, before pinned memory exists)."""
+        torch = _torch()
+        with torch.cuda.stream(copy_stream(source.device)):
+            clone = torch.empty(source.shape, dtype=source.dtype, device=source.device)
+        self.add(clone, source)
+        return clone
+
+    def issue(self, *, ordered: bool = True) -> None:
+        """Issue every queued copy on its device's copy stream, after the work already queued on
+        the current stream, and make the current stream wait for the copies (rule 15). Not
+        ``ordered``: sources only the copy stream writes (clones), the current stream left alone."""
+        if not self._queued:
+            return
+        torch = _torch()
+        with torch.no_grad():
+            for index, pairs in self._queued.items():
+                stream = copy_stream(index)
+                current = torch.cuda.current_stream(index)
+                if ordered:
+                    stream.wait_stream(current)
+                with torch.cuda.stream(stream):
+                    for target, source in pairs:
+                        target.copy_(source, non_blocking=True)
+                event = torch.cuda.Event()
+                event.record(stream)
+                if ordered:
+                    current.wait_event(event)
+                self._events.append(event)
+                self._sources += [source for _, source in pairs]
+        self._queued.clear()
+
+    def wait(self) -> None:
+        """Block until every issued copy landed; then the sources may change or go."""
+        for event in self._events:
+            event.synchronize()
+        self._events.clear()
+        self._sources.clear()
+
+
+class _Ring:
+    """Pinned bounce buffers and the event of the last copy out of each."""
+
+    def __init__(self) -> None:
+        self.tensors = [pinned_buffer(CHUNK) for _ in range(DEPTH)]
+        self.arrays: list[np.ndarray[Any, Any]] = [t.numpy() for t in self.tensors]
+        self.events: list[Any] = [None] * DEPTH
+
+    def settle(self) -> None:
+        for i, event in enumerate(self.events):
+            if event is not None:
+                event.synchronize()
+                self.events[i] = None
+
+
+class DeviceUpload:
+    """Host-to-device copies of one payload into device memory ``target`` (a flat uint8 CUDA tensor):
+    each chunk is read into a pinned bounce buffer while earlier ones cross the link, on the device's
+    copy stream. :meth:`finish` returns once every byte landed: nothing is in flight afterwards."""
+
+    def __init__(self, target: Any) -> None:
+        torch = _torch()
+        self._target = target
+        self._stream = copy_stream(target.device)
+        self._stream.wait_stream(torch.cuda.current_stream(target.device))  # after work on the old values
+        self._ring: _Ring | None = None
+        self._turn = 0
+
+    def fill(self, nbytes: int, read: Callable[[np.ndarray[Any, Any]], None]) -> None:
+        """Copy ``nbytes`` bytes into the target, in chunks that ``read`` puts into the bounce buffer
+        it is given (in order: the next bytes, as many as the buffer holds)."""
+        torch = _torch()
+        if nbytes < _SMALL:
+            host = np.empty(nbytes, dtype=np.uint8)
+            read(host)
+            self.put(host)
+            return
+        ring = self._ring = self._ring or _take_ring()
+        for offset in range(0, nbytes, CHUNK):
+            turn = self._turn % DEPTH
+            self._turn += 1
+            event = ring.events[turn]
+            if event is not None:
+                event.synchronize()  # that buffer's last copy has left it
+            size = min(CHUNK, nbytes - offset)
+            read(ring.arrays[turn][:size])
+            with torch.cuda.stream(self._stream):
+                self._target[offset : offset + size].copy_(ring.tensors[turn][:size], non_blocking=True)
+            event = ring.events[turn] = torch.cuda.Event()
+            event.record(self._stream)
+
+    def put(self, host: np.ndarray[Any, Any]) -> None:
+        """Copy a whole host array (decoded bytes) into the target, in one call."""
+        torch = _torch()
+        source = torch.from_numpy(np.ascontiguousarray(host).reshape(-1).view(np.uint8))
+        with torch.cuda.stream(self._stream):
+            self._target.copy_(source)
+        self._stream.synchronize()
+
+    def finish(self) -> None:
+        """Wait for every copy (also after a failure: nothing may land in live memory later)."""
+        ring, self._ring = self._ring, None
+        if ring is not None:
+            ring.settle()
+            with _LOCK:
+                _RINGS.append(ring)
+        self._stream.synchronize()
+
+
+def _take_ring() -> _Ring:
+    with _LOCK:
+        if _RINGS:
+            return _RINGS.pop()
+    return _Ring()
