@@ -29,6 +29,7 @@ __all__ = [
     "device_room",
     "is_cuda",
     "pinned_buffer",
+    "synchronize",
 ]
 
 CHUNK = 16 << 20  # bytes a bounce buffer carries host-to-device at a time
@@ -83,6 +84,14 @@ def default_pinned_limit() -> int:
     except ValueError:
         local = 1
     return int(total // (2 * local))
+
+
+def synchronize(tensors: list[Any]) -> None:
+    """Wait for all work queued on the devices of these CUDA tensors, on every stream: restore's
+    copies run on worker threads, whose current stream is not the caller's."""
+    torch = _torch()
+    for index in sorted({t.device.index for t in tensors}):
+        torch.cuda.synchronize(index)
 
 
 def device_room(device: Any) -> int:

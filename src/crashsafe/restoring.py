@@ -31,7 +31,7 @@ from collections.abc import Callable, MutableMapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
-from crashsafe._cuda import DeviceUpload
+from crashsafe._cuda import DeviceUpload, synchronize
 from crashsafe.chain import ChainReader
 from crashsafe.distributed.collective import Collective
 from crashsafe.distributed.shards import Targets, box_jobs, fill_from, live_targets, read_range
@@ -131,6 +131,7 @@ def restore_step(
             if agree is not None:
                 agree(None)
             changes.made = changes.made or bool(jobs)
+            synchronize([d.device for _, d in jobs if d.device is not None])  # no kernel still uses them
             _each(jobs, lambda entry, d: _decode_into(chains, step, entry, d), cached)
     except OSError as exc:
         raise reading_error(exc, store, step) from None
