@@ -458,7 +458,7 @@ def main(argv: list[str]) -> None:
         print("no CUDA device: the GPU benchmark needs one (it exits 0 here); see bench/results/gpu.md")
         return
     sizes, repeat, out_file, work = [1.6, 4.8], 3, RESULTS / "gpu.md", Path(__file__).parent / ".work" / "gpu"
-    steps, every, loop_sizes = 60, 20, [1.6]
+    steps, every, loop_sizes = 200, 50, [1.6]
     for i, arg in enumerate(argv):
         value = argv[i + 1] if i + 1 < len(argv) else ""
         if arg == "--sizes":

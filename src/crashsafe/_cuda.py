@@ -107,54 +107,71 @@ def device_room(device: Any) -> int:
 class DeviceCopies:
     """The device copies of one snapshot, queued as the state is walked and issued together on
     each device's copy stream (:meth:`issue`, on the training thread), then waited for by the thread
-    that writes the snapshot (:meth:`wait`) before it reads a byte of them."""
+    that writes the snapshot, each before it reads its bytes (:meth:`ready`), or all (:meth:`wait`).
+    An event marks every ``GROUP`` bytes issued, so the writer starts on the first tensors while
+    later ones still cross the link."""
 
-    _queued: dict[int, list[tuple[Any, Any]]] = field(default_factory=dict)  # device -> (target, source)
-    _events: list[Any] = field(default_factory=list)
+    GROUP = 64 << 20
+    _queued: dict[int, list[tuple[int, Any, Any]]] = field(default_factory=dict)  # device -> copies
+    _count: int = 0  # copies queued so far: each one's ticket is its number
+    _landed_by: dict[int, Any] = field(default_factory=dict)  # ticket -> the event its copy precedes
     _sources: list[Any] = field(default_factory=list)  # kept alive until their copies landed
 
-    def add(self, target: Any, source: Any) -> None:
-        """Queue copying CUDA tensor ``source`` into ``target`` (pinned host memory, or a device clone)."""
-        self._queued.setdefault(source.device.index, []).append((target, source))
+    def add(self, target: Any, source: Any) -> int:
+        """Queue copying CUDA tensor ``source`` into ``target`` (pinned host memory, or a device
+        clone); return its ticket for :meth:`ready`."""
+        ticket, self._count = self._count, self._count + 1
+        self._queued.setdefault(source.device.index, []).append((ticket, target, source))
+        return ticket
 
-    def clone_of(self, source: Any) -> Any:
+    def clone_of(self, source: Any) -> tuple[Any, int]:
         """A new tensor on ``source``'s device, made on its copy stream, that :meth:`issue` fills
-        with ``source``'s values (a device-to-device copy: a first save, before pinned memory exists)."""
+        with ``source``'s values (a device-to-device copy: a first save, before pinned memory
+        exists), and its ticket."""
         torch = _torch()
         with torch.cuda.stream(copy_stream(source.device)):
             clone = torch.empty(source.shape, dtype=source.dtype, device=source.device)
-        self.add(clone, source)
-        return clone
+        return clone, self.add(clone, source)
 
     def issue(self, *, ordered: bool = True) -> None:
         """Issue every queued copy on its device's copy stream, after the work already queued on
         the current stream, and make the current stream wait for the copies (rule 15). Not
         ``ordered``: sources only the copy stream writes (clones), the current stream left alone."""
-        if not self._queued:
-            return
-        torch = _torch()
-        with torch.no_grad():
-            for index, pairs in self._queued.items():
-                stream = copy_stream(index)
-                current = torch.cuda.current_stream(index)
-                if ordered:
-                    stream.wait_stream(current)
-                with torch.cuda.stream(stream):
-                    for target, source in pairs:
-                        target.copy_(source, non_blocking=True)
-                event = torch.cuda.Event()
-                event.record(stream)
-                if ordered:
-                    current.wait_event(event)
-                self._events.append(event)
-                self._sources += [source for _, source in pairs]
+        torch = _torch() if self._queued else None
+        for index, copies in self._queued.items():
+            assert torch is not None
+            stream = copy_stream(index)
+            current = torch.cuda.current_stream(index)
+            if ordered:
+                stream.wait_stream(current)
+            waiting: list[int] = []  # tickets issued since the last event
+            issued = 0
+            with torch.no_grad(), torch.cuda.stream(stream):
+                for n, (ticket, target, source) in enumerate(copies):
+                    target.copy_(source, non_blocking=True)
+                    waiting.append(ticket)
+                    issued += target.numel() * target.element_size()
+                    if issued >= self.GROUP or n == len(copies) - 1:
+                        event = torch.cuda.Event()
+                        event.record(stream)
+                        self._landed_by.update(dict.fromkeys(waiting, event))
+                        waiting, issued = [], 0
+            if ordered:
+                current.wait_event(event)  # the last one: after every copy of this device
+            self._sources += [source for _, _, source in copies]
         self._queued.clear()
+
+    def ready(self, ticket: int) -> None:
+        """Block until the copy of ``ticket`` (and every one issued before it on its device) landed."""
+        event = self._landed_by.get(ticket)
+        if event is not None:
+            event.synchronize()
 
     def wait(self) -> None:
         """Block until every issued copy landed; then the sources may change or go."""
-        for event in self._events:
+        for event in {id(e): e for e in self._landed_by.values()}.values():
             event.synchronize()
-        self._events.clear()
+        self._landed_by.clear()
         self._sources.clear()
 
 

@@ -308,7 +308,7 @@ class CheckpointManager:
         if planned is not None:
             assert self._collective is not None
             manifest = save_collective(
-                self._collective.replicas, store, self._planner, step, planned, tree, leaves, arrays,
+                self._collective.replicas, store, self._planner, step, planned, tree, leaves, list(arrays),
                 metrics, info, functools.partial(self._replace_damaged, store),
             )  # fmt: skip
             persisted = time.perf_counter() - begin  # committed, and every rank heard it

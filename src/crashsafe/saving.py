@@ -9,7 +9,7 @@ every rank writes its part and rank 0 commits, is :mod:`crashsafe.distributed.sa
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +27,7 @@ from crashsafe.storage.writer import StepWriter
 
 __all__ = ["SaveStats", "Snapshot", "save_step", "take_snapshot"]
 
-Snapshot = tuple[dict[str, Any], list[ArrayLeaf], list[np.ndarray[Any, Any]]]  # tree, leaves, their bytes
+Snapshot = tuple[dict[str, Any], list[ArrayLeaf], Iterable[np.ndarray[Any, Any]]]  # tree, leaves, their bytes
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ def save_step(
     committed: frozenset[int],
     tree: dict[str, Any],
     leaves: list[ArrayLeaf],
-    arrays: list[np.ndarray[Any, Any]],
+    arrays: Iterable[np.ndarray[Any, Any]],
     metrics: dict[str, Any],
     info: dict[str, Any],
 ) -> Manifest:
@@ -111,6 +111,8 @@ def take_snapshot(
         arrays = [view_bytes(leaf) for leaf in staged]
         return lambda: (tree, leaves, arrays), planned
     copies = pool.capture(staged)
+    if replicas is None:
+        return lambda: (tree, leaves, _arriving(pool, staged, copies)), planned
     return lambda: (tree, leaves, _landed(pool, staged, copies)), planned
 
 
@@ -123,11 +125,25 @@ def _landed(pool: StagingPool, leaves: list[ArrayLeaf], copies: list[Any]) -> li
     ]
 
 
+def _arriving(
+    pool: StagingPool, leaves: list[ArrayLeaf], copies: list[Any]
+) -> Iterator[np.ndarray[Any, Any]]:
+    """The staged bytes of ``leaves`` in order, each once its device copy landed: the writer works
+    on the first while later ones still cross the link."""
+    pool.settle(every=False)
+    for leaf, copy in zip(leaves, copies, strict=True):
+        pool.ready(leaf.path)
+        yield copy if isinstance(copy, np.ndarray) else pool.landed(leaf.path)
+
+
 def _snapshot_of(copied: Any, pool: StagingPool) -> Snapshot:
-    pool.settle()
     tree, leaves = flatten(copied, check=False)  # the writer validates the manifest before its commit
-    return (
-        tree,
-        leaves,
-        [pool.landed(leaf.path) if is_cuda(leaf.source) else view_bytes(leaf) for leaf in leaves],
-    )
+    pool.settle(every=False)
+    copies = [pool.landed(leaf.path) if is_cuda(leaf.source) else None for leaf in leaves]
+
+    def arrays() -> Iterator[np.ndarray[Any, Any]]:
+        for leaf, copy in zip(leaves, copies, strict=True):
+            pool.ready(leaf.path)
+            yield view_bytes(leaf) if copy is None else copy
+
+    return tree, leaves, arrays()

@@ -109,8 +109,8 @@ def test_lightning_on_the_gpu_resumes_exactly(tmp_path: Path) -> None:
         return module, trainer
 
     def state(module: DigitsModule, trainer: Trainer) -> str:
+        assert trainer.strategy.root_device.type == "cuda"  # trained there (fit moves it back at its end)
         moments = [v for s in trainer.optimizers[0].state.values() for v in s.values() if torch.is_tensor(v)]
-        assert all(p.is_cuda for p in module.parameters())
         return _digest([*module.state_dict().values(), *moments])
 
     os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
@@ -131,6 +131,7 @@ def _epoch_steps() -> int:
 
 @pytest.mark.timeout(300)
 def test_hugging_face_trainer_on_cuda_resumes_exactly(tmp_path: Path) -> None:
+    from transformers import TrainerCallback
     from transformers.utils import logging
 
     from crashsafe.integrations.transformers import CrashsafeTrainer
@@ -140,17 +141,30 @@ def test_hugging_face_trainer_on_cuda_resumes_exactly(tmp_path: Path) -> None:
     os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
     torch.use_deterministic_algorithms(True)
 
-    def train(directory: Path, steps: int) -> Any:
-        args = training_args(directory, steps, 5, use_cpu=False)
-        trainer = CrashsafeTrainer(model=tiny_gpt2(), args=args, train_dataset=TokenData())
+    class StopAt(TrainerCallback):
+        """Ends training after ``step``, as a crash would (the schedule still aims at max_steps)."""
+
+        def __init__(self, step: int) -> None:
+            self.step = step
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+            control.should_training_stop = state.global_step >= self.step
+            return control
+
+    def train(directory: Path, stop: int | None = None) -> Any:
+        args = training_args(directory, 20, 5, use_cpu=False)
+        callbacks = [] if stop is None else [StopAt(stop)]
+        trainer = CrashsafeTrainer(
+            model=tiny_gpt2(), args=args, train_dataset=TokenData(), callbacks=callbacks
+        )
         trainer.train(resume_from_checkpoint=True)
         trainer.close()
         return trainer
 
     try:
-        whole = train(tmp_path / "whole", 20)
-        train(tmp_path / "split", 10)
-        split = train(tmp_path / "split", 20)
+        whole = train(tmp_path / "whole")
+        train(tmp_path / "split", stop=10)
+        split = train(tmp_path / "split")
     finally:
         torch.use_deterministic_algorithms(False)
     assert next(split.model.parameters()).is_cuda

@@ -43,8 +43,9 @@ class StagingPool:
     """Staging buffers by state path; one buffer per leaf, reused while its size is unchanged.
 
     Copies of CUDA tensors are queued while the state is walked and issued together by
-    :meth:`issue`; the thread that reads the buffers first calls :meth:`settle`, which waits for
-    them (and brings down the clones of tensors seen for the first time). ``pinned_bytes`` caps the
+    :meth:`issue`; the thread that reads the buffers first calls :meth:`settle`, which brings down
+    the clones of tensors seen for the first time (and with ``every``, waits for all copies), then
+    :meth:`ready` before it reads a buffer whose copy it did not wait for. ``pinned_bytes`` caps the
     page-locked staging memory (default: :func:`~crashsafe._cuda.default_pinned_limit`); tensors
     beyond it are staged in pageable memory, at a third of the link's speed, said once in a warning.
     """
@@ -53,7 +54,8 @@ class StagingPool:
         self._slots: dict[str, _Slot] = {}
         self._pinned_limit = pinned_bytes
         self._copies = DeviceCopies()
-        self._clones: dict[str, ArrayLeaf] = {}  # path -> the leaf, its source a clone on its device
+        self._clones: dict[str, tuple[ArrayLeaf, int]] = {}  # path -> the leaf (its clone), its ticket
+        self._tickets: dict[str, int] = {}  # path -> the ticket of its copy into its buffer
         self._room: dict[int, int] = {}  # device -> bytes left for clones in this snapshot
         self._warned = False
 
@@ -79,6 +81,7 @@ class StagingPool:
         """Start a snapshot: forget device copies queued by one that was given up."""
         self._copies = DeviceCopies()
         self._clones.clear()
+        self._tickets.clear()
         self._room.clear()
 
     def stage(self, leaf: ArrayLeaf) -> Any:
@@ -95,18 +98,26 @@ class StagingPool:
         self._copies.issue()
         self._room.clear()
 
-    def settle(self) -> None:
-        """Wait until every issued copy landed in its staging buffer, and copy each clone of a
-        first-seen tensor into a newly pinned buffer (off the training thread: pinning is slow)."""
-        self._copies.wait()
+    def settle(self, *, every: bool = True) -> None:
+        """Copy each clone of a first-seen tensor into a newly pinned buffer (off the training
+        thread: pinning is slow); with ``every``, also wait until every other copy landed."""
+        if every:
+            self._copies.wait()
         if not self._clones:
             return
         landing = DeviceCopies()
-        for leaf in self._clones.values():
+        for leaf, ticket in self._clones.values():
+            self._copies.ready(ticket)
             landing.add(self._slot(leaf).tensor, leaf.source)
         landing.issue(ordered=False)  # the clones are the copy stream's own: nothing to wait for
         landing.wait()
         self._clones.clear()
+
+    def ready(self, path: str) -> None:
+        """Block until the copy of ``path`` into its staging buffer landed (no copy: at once)."""
+        ticket = self._tickets.get(path)
+        if ticket is not None:
+            self._copies.ready(ticket)
 
     def landed(self, path: str) -> np.ndarray[Any, Any]:
         """The typed staging buffer of ``path`` (after :meth:`settle`: a clone's values are there)."""
@@ -188,11 +199,11 @@ class StagingPool:
             room = self._room[device] = device_room(source.device) if room is None else room
             if leaf.nbytes <= room:
                 self._room[device] = room - leaf.nbytes
-                clone = self._copies.clone_of(source)
-                self._clones[leaf.path] = dataclasses.replace(leaf, source=clone)
+                clone, ticket = self._copies.clone_of(source)
+                self._clones[leaf.path] = (dataclasses.replace(leaf, source=clone), ticket)
                 return clone
         slot = self._slot(leaf)
-        self._copies.add(slot.tensor, source)
+        self._tickets[leaf.path] = self._copies.add(slot.tensor, source)
         return slot.typed
 
     def clear(self) -> None:
