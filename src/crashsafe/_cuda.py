@@ -1,7 +1,7 @@
 """CUDA copies for snapshots and restores, without importing torch: pinned host memory, one copy
 stream per device, and the events that order those copies against the training stream.
 
-The ordering rule (docs/design.md, rule 15): a snapshot's copies run on the device's copy stream
+The ordering rule (docs/gpu.md): a snapshot's copies run on the device's copy stream
 after everything already queued on the stream that is current when ``save`` is called (the training
 stream), and that stream then waits for the copies before its next kernel. So whatever training
 launches after ``save`` returns, on that stream or on any stream ordered after it, runs after the
