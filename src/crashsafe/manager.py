@@ -31,6 +31,7 @@ from crashsafe.errors import (
     CheckpointExistsError,
     CorruptCheckpointWarning,
     CrashsafeError,
+    InvalidArgumentError,
     NoCheckpointError,
     RetentionWarning,
     SaveFailedError,
@@ -171,7 +172,10 @@ class CheckpointManager:
         """Checkpoint ``state`` as ``step``. Returns once the state is copied (async) or committed."""
         store = self._writable()
         if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or not 0 <= step <= MAX_STEP:
-            raise ValueError(f"step must be a non-negative int below 2**63, got {step!r}")
+            raise InvalidArgumentError(
+                f"step must be a whole number from 0 to 2**63 - 1 (the training step being saved), got "
+                f"{step!r}; nothing was saved"
+            )
         step = int(step)
         if not isinstance(state, Mapping):
             raise UnsupportedStateError(f"state must be a dict of named values, got a {type(state).__name__}")
