@@ -170,7 +170,7 @@ def _print(result: StepDiff, show_all: bool) -> None:
     columns = [
         Column("path", folds=True, breaks=".", min_width=32),
         Column("status"),
-        Column("what changed", folds=True, min_width=16),
+        Column("what changed", folds=True, min_width=16, words=True),  # a number is never split
         Column("max abs", right=True, drop=1),
         Column("mean abs", right=True, drop=2),
     ]
