@@ -19,6 +19,7 @@ from crashsafe.cli._common import (
     console,
     emit_json,
     fail,
+    locate,
     parse_options,
     step_option,
 )
@@ -69,6 +70,9 @@ def diff_cmd(
         where_a, where_b, step_a, step_b = first, first, _step(second, "A"), _step(third, "B")
     else:
         where_a, where_b = first, second
+    same = where_a == where_b
+    where_a = locate(where_a)
+    where_b = where_a if same else locate(where_b)
     try:
         result = diff_steps(
             where_a,
