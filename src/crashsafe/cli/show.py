@@ -7,7 +7,6 @@ import fnmatch
 from typing import Annotated, Any
 
 import typer
-
 from rich.text import Text
 
 from crashsafe.cli._common import (

@@ -156,7 +156,8 @@ def _within_a_century(option: str, value: str) -> None:
     if parse_duration(value, option) > _CENTURY:
         raise fail(
             f"{option} {value}: the simulator takes durations up to 100 years ({_CENTURY:.3g} s); a "
-            "checkpoint stalls seconds to minutes, a job runs hours to months (e.g. --ckpt-cost 30s --job 24h)"
+            "checkpoint stalls seconds to minutes, a job runs hours to months "
+            "(e.g. --ckpt-cost 30s --job 24h)"
         )
 
 

@@ -74,7 +74,9 @@ def run_trials(
 
     # gaps drawn per block: about twice the failures the job expects, never past the max_failures + 1
     # a trial can use (a float until then: 2 * g_end / mtbf may overflow for absurd costs)
-    width = int(min(max(8.0, 2 * g_end / failures.mtbf + 8), max_failures + 8)) if np.isfinite(failures.mtbf) else 1
+    width = 1
+    if np.isfinite(failures.mtbf):
+        width = int(min(max(8.0, 2 * g_end / failures.mtbf + 8), max_failures + 8))
     gaps = failures.block(seed, trials, 0, width)
     column = np.zeros(trials, dtype=np.int64)
     next_fail = gaps[:, 0].copy()

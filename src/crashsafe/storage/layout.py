@@ -6,8 +6,8 @@ steps are ever read.
 
 A leftover is removed only where it carries crashsafe's marker, which every version has written:
 its name (``.tmp-step_<n>-<pid>-<hex>``, ``.tmp-step_<n>-<hex>`` for a distributed attempt,
-``.trash-step_<n>-<hex>``, with a step's canonical name) and its contents, a real directory holding nothing but
-regular files named as crashsafe names a step's files (``manifest.json``, ``data.bin``,
+``.trash-step_<n>-<hex>``, with a step's canonical name) and its contents, a real directory holding
+nothing but regular files named as crashsafe names a step's files (``manifest.json``, ``data.bin``,
 ``data-<part>.bin``). Anything else (``.tmp-notes/``, a link, a directory holding a file of
 someone else's) is not crashsafe's: it is never listed as a leftover, so never removed.
 """
