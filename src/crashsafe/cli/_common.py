@@ -132,7 +132,8 @@ def locate(location: str) -> str:
     found = nested_store(location)
     if found is None:
         return location
-    err.print(Text(f"note: {location} holds no committed step itself; reading {found[0]}, {found[1]}"))
+    note = f"note: {location} holds no committed step itself; reading {found[0]}, {found[1]}"
+    err.print(Text(note), soft_wrap=not err.is_terminal)  # piped: one line
     return found[0]
 
 
