@@ -19,11 +19,26 @@ def clean_metrics(metrics: Mapping[str, Any] | None) -> dict[str, Any]:
         raise UnsupportedStateError(f"metrics must be a dict of numbers, got {metrics!r}")
     clean: dict[str, Any] = {}
     for key, value in metrics.items():
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
+        number = _number(value)
+        if number is None:
             raise UnsupportedStateError(
-                f"metric {key!r} = {value!r} is not a number; metrics hold numbers only"
-            ) from None
+                f"metric {key!r} = {value!r} is not a number; metrics hold numbers only (a string such as "
+                "'0.1' or a bool is not one: pass float(value), or leave the metric out)"
+            )
         clean[str(key)] = number if math.isfinite(number) else repr(number)
     return clean
+
+
+def _number(value: object) -> float | None:
+    """``value`` as a float if it is a number (an int, a float, a numpy or torch scalar), else None.
+    Text and truth values are not numbers, though ``float()`` reads ``"0.1"`` and ``True``: ranked as
+    numbers, they would decide which steps retention keeps."""
+    if isinstance(value, (str, bytes, bytearray, bool)) or str(getattr(value, "dtype", "")) in _BOOLS:
+        return None
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+
+
+_BOOLS = ("bool", "torch.bool")  # numpy's and torch's truth values (np.True_ is no bool)

@@ -79,12 +79,15 @@ def doomed_steps(
     known: MutableMapping[int, frozenset[int]] | None = None,
     keep: Iterable[int] = (),
     facts: MutableMapping[int, StepFacts] | None = None,
+    steps: Iterable[int] | None = None,
 ) -> list[int]:
     """Committed steps retention may delete: all but those ``policy`` keeps (None keeps every step),
     the newest, the steps in ``keep``, and every delta base a kept step still needs. ``known`` and
     ``facts`` cache each step's delta bases and facts across calls (:func:`protected_steps`,
-    :func:`~crashsafe.step_facts.facts_lookup`): manifests are read once, and only when needed."""
-    steps = sorted(store.steps())
+    :func:`~crashsafe.step_facts.facts_lookup`): manifests are read once, and only when needed.
+    ``steps``: the committed steps to judge (default: the store's; ``crashsafe gc`` plans with the
+    steps left once the damaged ones go)."""
+    steps = sorted(store.steps() if steps is None else steps)
     if policy is None or not steps:
         return []
     bases: MutableMapping[int, frozenset[int]] = {} if known is None else known

@@ -15,6 +15,7 @@ __all__ = [
     "CrashsafeError",
     "CrashsafeWarning",
     "DiskFullError",
+    "InvalidArgumentError",
     "LockedError",
     "MirrorWarning",
     "NoCheckpointError",
@@ -43,6 +44,11 @@ class NoCheckpointError(CrashsafeError, FileNotFoundError):
 
 class CheckpointExistsError(CrashsafeError, FileExistsError):
     """A step is already committed; committed checkpoints are never overwritten."""
+
+
+class InvalidArgumentError(CrashsafeError, ValueError):
+    """An argument crashsafe was given cannot be used (a step out of range, an empty location); the
+    message names it and what to give instead."""
 
 
 class CorruptCheckpointError(CrashsafeError, ValueError):

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import stat
+import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from crashsafe._closing import Closing
 from crashsafe.chain import ChainReader
 from crashsafe.distributed.shards import read_sharded
 from crashsafe.errors import CrashsafeError, NoCheckpointError
@@ -26,6 +30,7 @@ from crashsafe.storage.stores import open_store
 __all__ = ["HF_CONFIG_KEY", "export_hf", "export_safetensors"]
 
 HF_CONFIG_KEY = "hf_config"  # a state's model config (``model.config.to_dict()``), for --hf-dir
+_MODEL, _CONFIG = "model.safetensors", "config.json"  # what --hf-dir writes
 Progress = Callable[[int, int], None]
 
 
@@ -42,10 +47,13 @@ def export_safetensors(
     """Write the tensors of ``step`` (default newest) under ``prefix`` to ``output`` with the prefix
     stripped (kept with ``keep_prefix``); return (step, count, bytes). Bytes and python values are
     not exported."""
-    _check_output(Path(output), directory)
+    out = Path(output)
+    _check_output(out, directory)
     found, manifest, arrays = _read(directory, step, storage_options)
     tensors, bf16 = _tensors(manifest, arrays, prefix, keep_prefix, progress)
-    _save(tensors, bf16, Path(output), found)
+    with _Outputs(out.parent) as outputs:
+        _save(tensors, bf16, outputs.draft(out.name), found)
+        outputs.publish()
     return found, len(tensors), sum(a.nbytes for a in tensors.values())
 
 
@@ -62,22 +70,29 @@ def export_hf(
     stripped) and, if the state holds ``hf_config``, ``config.json``. Returns (step, count, bytes,
     whether a config was written)."""
     out = Path(folder)
-    if out.exists() and not out.is_dir():
+    if os.path.lexists(out) and not out.is_dir():
         raise CrashsafeError(f"{out} exists and is not a directory; give a folder for --hf-dir")
-    _check_output(out / "model.safetensors", directory, folder_made_here=True)
+    for name in (_MODEL, _CONFIG):
+        _check_output(out / name, directory, folder_made_here=True)
     found, manifest, arrays = _read(directory, step, storage_options)
     tensors, bf16 = _tensors(manifest, arrays, prefix, False, progress)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise CrashsafeError(f"cannot create the folder {out}: {exc.strerror or exc}") from None
-    _save(tensors, bf16, out / "model.safetensors", found)
     tree = manifest.tree
     config = None
     if tree["t"] == "dict" and HF_CONFIG_KEY in tree["keys"]:
         config = unflatten(tree["vals"][tree["keys"].index(HF_CONFIG_KEY)], arrays)
-    if isinstance(config, dict):
-        (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True, default=str) + "\n")
+    with _Outputs(out) as outputs:
+        _save(tensors, bf16, outputs.draft(_MODEL), found)
+        if isinstance(config, dict):
+            text = json.dumps(config, indent=2, sort_keys=True, default=str) + "\n"
+            try:
+                Path(outputs.draft(_CONFIG)).write_text(text)
+            except OSError as exc:
+                raise CrashsafeError(f"writing {out / _CONFIG} failed: {exc.strerror or exc}") from None
+        outputs.publish()
     return found, len(tensors), sum(a.nbytes for a in tensors.values()), isinstance(config, dict)
 
 
@@ -145,16 +160,28 @@ def _tensors(
 
 
 def _check_output(output: Path, directory: str | os.PathLike[str], folder_made_here: bool = False) -> None:
-    """Refuse, before reading anything, a file to export to that is not one (a directory, a FIFO, a
-    device: safetensors would replace it with a file) or is a local checkpoint directory's own entry
-    (a step, the lock, a temporary) or inside one. An existing regular file is replaced, as ``cp``
-    replaces one. Its folder must exist, unless ``folder_made_here`` (``--hf-dir`` makes it)."""
-    if output.is_dir() or (output.exists() and not output.is_file()):
-        raise CrashsafeError(f"{output} is a directory, a FIFO or a device, not a file; give a file path")
+    """Refuse, before reading anything, a file to export to that is there and is not a regular file
+    (a link, even to a file, a FIFO, a directory, a device: export never writes through one nor
+    replaces one), or that is a local checkpoint directory's own entry (a step, the lock, a
+    temporary) or inside one. An existing regular file is replaced, as ``cp`` replaces one (by a
+    rename: its bytes are never written over). Its folder must exist, unless ``folder_made_here``
+    (``--hf-dir`` makes it)."""
+    try:
+        mode: int | None = os.lstat(output).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        mode = None
+    except OSError as exc:
+        raise CrashsafeError(f"cannot write {output}: {exc.strerror or exc}; give another path") from None
+    if mode is not None and not stat.S_ISREG(mode):
+        raise CrashsafeError(
+            f"{output} is {_kind(mode)}, not a file export may replace: it never writes through a link nor "
+            "into a FIFO, directory or device, and never replaces one. Remove it or give another path"
+        )
     if not folder_made_here and not output.parent.is_dir():
         raise CrashsafeError(f"the directory of {output} does not exist; create it first")
-    root = Path(directory).resolve() if "://" not in str(directory) else None
-    where = output.parent.resolve() / output.name
+    # realpath, not Path.resolve: a link loop must not raise (RuntimeError) before the store says so
+    root = Path(os.path.realpath(directory)) if "://" not in str(directory) else None
+    where = Path(os.path.realpath(output.parent)) / output.name
     if root is not None and where.is_relative_to(root):
         name = where.relative_to(root)
         if len(name.parts) != 1 or name.name.startswith(".") or parse_step_name(name.name) is not None:
@@ -164,7 +191,78 @@ def _check_output(output: Path, directory: str | os.PathLike[str], folder_made_h
             )
 
 
-def _save(tensors: dict[str, np.ndarray[Any, Any]], bf16: set[str], output: Path, step: int) -> None:
+def _kind(mode: int) -> str:
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    return "a FIFO" if stat.S_ISFIFO(mode) else "a device or socket"
+
+
+class _Outputs(Closing):
+    """The files of one export, written in a private folder made inside their destination folder
+    (``.crashsafe-export-*``, mode 0700: nothing else is in it, so writing there by path cannot
+    meet a link or a FIFO), made durable, then each renamed over its target: a rename never
+    follows a link at the target and never opens it; a target that is not a regular file by then
+    is refused. The private folder is removed at the end (a kill leaves it behind: delete it)."""
+
+    def __init__(self, folder: Path) -> None:
+        try:
+            self._fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)  # the user's choice
+        except OSError as exc:
+            raise CrashsafeError(f"cannot write into {folder}: {exc.strerror or exc}") from None
+        self._folder = folder
+        try:
+            self._scratch = tempfile.mkdtemp(prefix=".crashsafe-export-", dir=folder)
+        except OSError as exc:
+            os.close(self._fd)
+            raise CrashsafeError(f"cannot write into {folder}: {exc.strerror or exc}") from None
+        self._names: list[str] = []
+
+    def draft(self, name: str) -> str:
+        """The path to write ``name`` to (in the private folder), published by :meth:`publish`."""
+        self._names.append(name)
+        return os.path.join(self._scratch, name)
+
+    def publish(self) -> None:
+        """fsync every draft, rename each over its target, fsync the destination folder."""
+        try:
+            scratch = os.open(self._scratch, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                for name in self._names:
+                    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=scratch)
+                    try:
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
+                for name in self._names:
+                    self._check_target(name)
+                    os.rename(name, name, src_dir_fd=scratch, dst_dir_fd=self._fd)
+            finally:
+                os.close(scratch)
+            os.fsync(self._fd)
+        except OSError as exc:
+            raise CrashsafeError(f"writing {self._folder}: {exc.strerror or exc}") from None
+
+    def _check_target(self, name: str) -> None:
+        try:
+            mode = os.stat(name, dir_fd=self._fd, follow_symlinks=False).st_mode
+        except FileNotFoundError:
+            return
+        if not stat.S_ISREG(mode):
+            raise CrashsafeError(
+                f"{self._folder / name} became {_kind(mode)} while exporting; it was left as it is and "
+                "nothing was written there. Remove it and export again"
+            )
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            shutil.rmtree(self._scratch, ignore_errors=True)  # fd-based: follows no link
+            os.close(self._fd)
+            self._fd = -1
+
+
+def _save(tensors: dict[str, np.ndarray[Any, Any]], bf16: set[str], output: str, step: int) -> None:
     """safetensors with the metadata transformers requires (``format: pt``); bfloat16 through torch."""
     from safetensors import SafetensorError
 
@@ -174,12 +272,12 @@ def _save(tensors: dict[str, np.ndarray[Any, Any]], bf16: set[str], output: Path
         raise CrashsafeError(f"writing {output} failed: {exc}") from None
 
 
-def _write(tensors: dict[str, np.ndarray[Any, Any]], bf16: set[str], output: Path, step: int) -> None:
+def _write(tensors: dict[str, np.ndarray[Any, Any]], bf16: set[str], output: str, step: int) -> None:
     metadata = {"format": "pt", "crashsafe_step": str(step)}
     if not bf16:
         from safetensors.numpy import save_file
 
-        save_file(tensors, str(output), metadata=metadata)
+        save_file(tensors, output, metadata=metadata)
         return
     try:
         import torch
@@ -190,4 +288,4 @@ def _write(tensors: dict[str, np.ndarray[Any, Any]], bf16: set[str], output: Pat
     for name, array in tensors.items():
         t = torch.from_numpy(array)
         converted[name] = t.view(torch.bfloat16) if name in bf16 else t
-    save_torch(converted, str(output), metadata=metadata)
+    save_torch(converted, output, metadata=metadata)

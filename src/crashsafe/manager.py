@@ -18,8 +18,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
 from typing import Any, TypeVar
 
-import numpy as np
-
 from crashsafe._metrics import clean_metrics
 from crashsafe.chain import direct_bases, doomed_steps, protected_steps
 from crashsafe.distributed.collective import collective_for
@@ -36,7 +34,7 @@ from crashsafe.errors import (
     SaveFailedError,
     UnsupportedStateError,
 )
-from crashsafe.format.manifest import MAX_STEP, Manifest
+from crashsafe.format.manifest import Manifest, checked_step
 from crashsafe.loading import from_copies, listed_steps, newest_intact, on_damage, read_state
 from crashsafe.mapping import map_step
 from crashsafe.mirroring import Mirror
@@ -172,9 +170,7 @@ class CheckpointManager:
     def save(self, step: int, state: Mapping[str, Any], metrics: Mapping[str, Any] | None = None) -> None:
         """Checkpoint ``state`` as ``step``. Returns once the state is copied (async) or committed."""
         store = self._writable()
-        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or not 0 <= step <= MAX_STEP:
-            raise ValueError(f"step must be a non-negative int below 2**63, got {step!r}")
-        step = int(step)
+        step = checked_step(step)
         if not isinstance(state, Mapping):
             raise UnsupportedStateError(f"state must be a dict of named values, got a {type(state).__name__}")
         begin = time.perf_counter()

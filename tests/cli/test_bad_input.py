@@ -158,3 +158,49 @@ def test_simulate_refuses_a_run_with_nothing_to_simulate(
 ) -> None:
     plot = str(tmp_path / "p.png")
     _clear_error(invoke_here("simulate", "--mtbf", "4h", "--ckpt-cost", "30s", "--plot", plot, *args), *words)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--ckpt-cost", "1e308s"],  # OverflowError
+        ["--ckpt-cost", "inf"],
+        ["--ckpt-cost", "30s", "--job", "1e300s"],
+        ["--ckpt-cost", "30s", "--persist", "1e200s"],
+    ],
+)
+def test_simulate_refuses_a_duration_past_a_century(tmp_path: Path, args: list[str]) -> None:
+    """An OverflowError traceback (1e308 s), or minutes of trials failing up to the engine's cap."""
+    plot = tmp_path / "p.png"
+    run = invoke_here("simulate", "--mtbf", "4h", "--plot", str(plot), *args)
+    _clear_error(run, args[-2], "up to 100 years", "e.g. --ckpt-cost 30s")
+    assert not plot.exists()
+
+
+def _closed_port() -> int:
+    """A port on 127.0.0.1 where nothing listens (bound, then closed at once)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.mark.parametrize("command", ["ls", "verify", "show", "gc", "diff", "export"])
+def test_a_url_whose_backend_cannot_open_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str
+) -> None:
+    """ftp:// refused: a ConnectionRefusedError traceback; zip:// and tar:// without their archive:
+    FileNotFoundError or IsADirectoryError tracebacks. Each names the URL, exit 2."""
+    monkeypatch.chdir(tmp_path)
+    urls = [
+        f"ftp://127.0.0.1:{_closed_port()}/run",
+        "zip://run",
+        "tar://run",
+        f"zip://run::file://{tmp_path}/missing.zip",
+        f"tar://run::file://{tmp_path}/missing.tar",
+    ]
+    extra = {"diff": ["1", "2"], "export": ["-o", str(tmp_path / "x.safetensors")]}.get(command, [])
+    for url in urls:
+        _clear_error(invoke_here(command, url, *extra), f"cannot open {url}", "Check the URL")
+    assert list(tmp_path.iterdir()) == []

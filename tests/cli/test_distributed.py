@@ -121,7 +121,7 @@ def test_export_and_gc(sharded: tuple[Path, Path], tmp_path: Path) -> None:
             assert np.array_equal(array, arrays[name]), name
     copy = tmp_path / "copy"
     shutil.copytree(directory, copy)
-    collected = invoke("gc", str(copy), "--keep-last", "1", "--json")
+    collected = invoke("gc", str(copy), "--keep-last", "1", "--force", "--json")
     assert collected.code == 0, collected.err
     assert check_json(collected.out, "gc") == {
         "location": str(copy),

@@ -56,7 +56,7 @@ def test_gc_and_export_json(run: tuple[Path, list[str]], tmp_path: Path) -> None
         invoke("export", str(directory), "-o", str(out), "--prefix", "model.", "--json").out, "export"
     )
     assert exported["step"] == 3 and exported["output"] == str(out) and out.stat().st_size > exported["bytes"]
-    collected = check_json(invoke("gc", str(directory), "--keep-last", "1", "--json").out, "gc")
+    collected = check_json(invoke("gc", str(directory), "--keep-last", "1", "--force", "--json").out, "gc")
     assert collected == {"location": str(directory), "deleted": [1, 2], "leftovers": [], "kept": [3]}
 
 
@@ -109,7 +109,7 @@ def test_every_command_on_an_s3_url(tmp_path: Path, bucket: str, options: dict[s
     out = tmp_path / "m.safetensors"
     exported = check_json(invoke("export", url, *opts, "-o", str(out), "--json").out, "export")
     assert exported["step"] == 2 and out.exists()
-    collected = check_json(invoke("gc", url, *opts, "--keep-last", "1", "--json").out, "gc")
+    collected = check_json(invoke("gc", url, *opts, "--keep-last", "1", "--force", "--json").out, "gc")
     assert collected == {"location": url, "deleted": [1], "leftovers": [], "kept": [2]}
 
 

@@ -4,6 +4,7 @@ write or delete outside the directory, never hang, and keep falling back to inta
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from pathlib import Path
@@ -16,6 +17,7 @@ from typer.testing import CliRunner
 import crashsafe as cs
 from crashsafe.cli.app import app
 from crashsafe.storage.layout import step_dir
+from crashsafe.storage.stores import open_store
 
 from ..hostile import make_victim, untouched, within
 
@@ -57,10 +59,11 @@ def test_gc_deletes_a_symlinked_step_not_its_target(tmp_path: Path, victim: Path
     _run(ckpt, range(1, 4))
     os.symlink(victim, step_dir(ckpt, 0))
     os.symlink(victim, ckpt / ".trash-step_000000000009-deadbeef")  # a "leftover" link too
-    result = runner.invoke(app, ["gc", str(ckpt), "--keep-last", "1"])
+    result = runner.invoke(app, ["gc", str(ckpt), "--keep-last", "1", "--force"])
     assert result.exit_code == 0, result.output
-    untouched(victim)
-    assert sorted(p.name for p in ckpt.iterdir()) == [".lock", "step_000000000003"]
+    untouched(victim)  # crashsafe never makes a link: the "leftover" is not its own, so it stays
+    names = [".lock", ".trash-step_000000000009-deadbeef", "step_000000000003"]
+    assert sorted(p.name for p in ckpt.iterdir()) == names
 
 
 def test_gc_delete_damaged_unlinks_a_symlinked_newest_step(tmp_path: Path, victim: Path) -> None:
@@ -110,7 +113,8 @@ def test_a_file_symlinked_out_of_its_step_is_damage(tmp_path: Path, name: str) -
 
 def test_a_symlinked_lock_file_is_refused_and_its_targetuntouched(tmp_path: Path, victim: Path) -> None:
     ckpt = tmp_path / "ckpt"
-    ckpt.mkdir()
+    _run(ckpt, range(1, 2))  # a store (gc opens no writer where there is nothing to collect)
+    (ckpt / ".lock").unlink()
     os.symlink(victim / "precious.txt", ckpt / ".lock")
     with pytest.raises(cs.StorageError, match="symbolic link"):
         cs.CheckpointManager(ckpt)
@@ -220,3 +224,73 @@ def test_a_save_checks_its_step_by_name_as_the_listing_would(tmp_path: Path, vic
             mgr.save(3, {"x": np.zeros(8)})
         mgr.save(4, {"x": np.full(8, 4)})  # the torn draft was not a step
         assert mgr.load(4)["x"][0] == 4
+
+
+# ----------------------------------------------------------------------------- empty locations, leftovers
+
+
+@pytest.mark.parametrize("location", ["", "file://", "file:///", "/", "//", "s3://", "memory://"])
+def test_an_empty_or_root_location_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, location: str
+) -> None:
+    """``gc ""`` (and ``gc file://``) cleaned the current directory: it deleted a ``.tmp-notes/``
+    folder of the user's, and ``verify file://`` called it a store of intact steps."""
+    here = tmp_path / "cwd"
+    _run(here, range(1, 3))
+    (here / ".lock").unlink()
+    (here / ".tmp-notes").mkdir()
+    (here / ".tmp-notes" / "todo.txt").write_text("buy milk")
+    before = sorted(str(p.relative_to(here)) for p in here.rglob("*"))
+    monkeypatch.chdir(here)
+    for args in (["gc", location, "--keep-last", "1", "--force"], ["verify", location], ["ls", location]):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, (args, result.output)
+        assert "names no checkpoint directory" in result.output or "root of the file system" in result.output
+        assert "error:" in result.output and "Traceback" not in result.output
+    with pytest.raises(cs.InvalidArgumentError, match="Give the run's own directory"):
+        cs.CheckpointManager(location)
+    with pytest.raises(cs.InvalidArgumentError):
+        cs.CheckpointManager(location, read_only=True)
+    with pytest.raises(cs.InvalidArgumentError):
+        cs.CheckpointManager(tmp_path / "ckpt", mirror=location)
+    assert sorted(str(p.relative_to(here)) for p in here.rglob("*")) == before
+    assert (here / ".tmp-notes" / "todo.txt").read_text() == "buy milk"
+
+
+def test_only_leftovers_with_crashsafes_marker_are_removed(tmp_path: Path, victim: Path) -> None:
+    """What a writer cleans must carry crashsafe's marker: its exact leftover name and nothing inside
+    but a step's regular files. Leftovers of earlier versions have that shape, and go; a folder of
+    someone else's that merely starts with ``.tmp-`` or ``.trash-`` stays, whatever it holds."""
+    ckpt = tmp_path / "ckpt"
+    _run(ckpt, range(1, 3))
+    ours = {  # as crashsafe (this version and earlier ones) leaves them after a kill
+        ".tmp-step_000000000003-4242-0badf00d": {"data.bin": b"half"},
+        ".tmp-step_000000000003-0123456789abcdef": {"data-r0.bin": b"x", "data-r1.bin": b"y"},
+        ".tmp-step_000000000004-77-deadbeef": {},
+        ".trash-step_000000000000-feedf00d": {"manifest.json": b"{}"},
+    }
+    theirs = {
+        ".tmp-notes": {"todo.txt": b"buy milk"},
+        ".tmp-step_000000000005-1-abcd0123": {"data.bin": b"x", "notes.txt": b"mine"},
+        ".trash-step_000000000006-cafe": {"data.bin": b"x", "keep": None},  # None: a folder
+        ".tmp-step_7-1-abcd0123": {"data.bin": b"x"},  # not a step's canonical name
+        ".trash-step_000000000008-beef-old": {"data.bin": b"x"},
+    }
+    for name, files in {**ours, **theirs}.items():
+        (ckpt / name).mkdir()
+        for file, data in files.items():
+            (ckpt / name / file).mkdir() if data is None else (ckpt / name / file).write_bytes(data)
+    os.symlink(victim, ckpt / ".tmp-step_000000000009-1-abcd0123")  # a link: never crashsafe's
+    (ckpt / ".trash-step_000000000010-abcd").write_bytes(b"a file, not a folder")
+    foreign = sorted([*theirs, ".tmp-step_000000000009-1-abcd0123", ".trash-step_000000000010-abcd"])
+    with contextlib.closing(open_store(ckpt)) as store:
+        assert store.leftovers() == sorted(ours)
+    assert cs.verify(ckpt).leftovers == sorted(ours)
+    cs.CheckpointManager(ckpt).close()  # a writer opening removes leftovers
+    assert sorted(p.name for p in ckpt.iterdir() if p.name.startswith(".") and p.name != ".lock") == foreign
+    assert (ckpt / ".tmp-notes" / "todo.txt").read_bytes() == b"buy milk"
+    assert (ckpt / ".tmp-step_000000000005-1-abcd0123" / "notes.txt").read_bytes() == b"mine"
+    untouched(victim)
+    result = runner.invoke(app, ["gc", str(ckpt), "--keep-last", "5"])
+    assert result.exit_code == 0 and "0 leftovers" in result.output, result.output
+    assert cs.CheckpointManager(ckpt, read_only=True).steps() == [1, 2]

@@ -244,12 +244,23 @@ def test_wrong_arguments_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="keep_last"):
         cs.CheckpointManager(tmp_path, keep_last=0)
     with cs.CheckpointManager(tmp_path) as mgr:
-        with pytest.raises(ValueError, match="non-negative int"):
+        with pytest.raises(cs.InvalidArgumentError, match="whole number"):
             mgr.save(-1, _state(1))
         with pytest.raises(cs.UnsupportedStateError, match="dict"):
             mgr.save(1, [1, 2])  # type: ignore[arg-type]
         with pytest.raises(cs.UnsupportedStateError, match="metric 'loss'"):
             mgr.save(1, _state(1), metrics={"loss": "low"})
+
+
+@pytest.mark.parametrize("value", ["0.1", True, np.True_, b"0.1"], ids=["str", "bool", "np.bool", "bytes"])
+def test_a_metric_that_is_text_or_a_truth_value_is_refused(tmp_path: Path, value: Any) -> None:
+    """``float()`` reads "0.1" and True, so they were stored as 0.1 and 1.0 and ranked as numbers by
+    KeepBest and ``best_step`` (True beat every loss above 1); metrics hold numbers only."""
+    with cs.CheckpointManager(tmp_path, async_save=False, keep_last=None) as mgr:
+        mgr.save(1, _state(1), metrics={"loss": 0.5})
+        with pytest.raises(cs.UnsupportedStateError, match="'loss' = .* is not a number"):
+            mgr.save(2, _state(2), metrics={"loss": value})
+        assert mgr.steps() == [1] and mgr.best_step("loss", mode="max") == 1
 
 
 def test_metrics_are_recorded_in_the_manifest(tmp_path: Path) -> None:

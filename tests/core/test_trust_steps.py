@@ -67,10 +67,13 @@ def test_any_int64_step_is_listed_restored_verified_and_retained(tmp_path: Path,
     assert cs.verify(tmp_path).intact[-3:] == big
 
 
-@pytest.mark.parametrize("step", [2**63, -1, 1.0, True])
+@pytest.mark.parametrize("step", [2**63, -1, 1.0, True, "3"])
 def test_a_step_out_of_range_is_refused_at_save(tmp_path: Path, step: Any) -> None:
-    with cs.CheckpointManager(tmp_path) as mgr, pytest.raises(ValueError, match="non-negative int"):
+    """A crashsafe error (it was a bare ValueError), still caught by ``except ValueError``."""
+    refused = pytest.raises(cs.InvalidArgumentError, match=r"whole number from 0 to 2\*\*63 - 1")
+    with cs.CheckpointManager(tmp_path) as mgr, refused as caught:
         mgr.save(step, _state(1))
+    assert isinstance(caught.value, ValueError) and isinstance(caught.value, cs.CrashsafeError)
     assert committed_steps(tmp_path) == []
 
 

@@ -4,10 +4,12 @@ load with ``load_state_dict(strict=True)`` and with ``from_pretrained``, tied we
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -15,7 +17,10 @@ from typer.testing import CliRunner
 
 import crashsafe as cs
 from crashsafe.cli.app import app
+from crashsafe.storage.layout import step_dir
 from crashsafe.workloads import hf_tiny
+
+from ..hostile import within
 
 runner = CliRunner()
 MODELS: dict[str, Callable[[int], Any]] = {"gpt2": hf_tiny.tiny_gpt2, "bert": hf_tiny.tiny_bert}
@@ -84,3 +89,71 @@ def test_keep_prefix_and_clear_errors(tmp_path: Path) -> None:
     assert both.exit_code != 0 and "one of --output FILE and --hf-dir FOLDER" in both.output
     none = runner.invoke(app, ["export", str(directory), "-o", str(out), "--prefix", "nothing."])
     assert none.exit_code != 0 and "no tensors under prefix 'nothing.'" in none.output
+
+
+# ----------------------------------------------------------------------------- what stands at an output
+
+
+def _numpy_run(directory: Path) -> Path:
+    """A committed step with a model tensor and an ``hf_config``: what --hf-dir exports."""
+    with cs.CheckpointManager(directory, async_save=False) as mgr:
+        mgr.save(1, {"model": {"w": np.arange(16.0)}, "hf_config": {"model_type": "gpt2", "n_layer": 1}})
+    return directory
+
+
+def _plant(kind: str, where: Path, victim: Path) -> None:
+    if kind == "symlink":
+        os.symlink(victim, where)
+    elif kind == "fifo":
+        os.mkfifo(where)
+    else:
+        os.link(victim, where)  # a hard link: a regular file that is also the committed manifest
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["symlink", "fifo", "hardlink"])
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors", "-o"])
+def test_export_never_writes_through_what_stands_at_an_output(tmp_path: Path, kind: str, name: str) -> None:
+    """A config.json linked to a committed step's manifest was written through (the step then failed
+    verification); a FIFO there hung the export. A link, FIFO or directory is refused untouched; a
+    regular file is replaced by a rename, so even a hard link to a manifest leaves the manifest whole."""
+    ckpt = _numpy_run(tmp_path / "ckpt")
+    victim = step_dir(ckpt, 1) / "manifest.json"
+    before = victim.read_bytes()
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    target = folder / ("out.safetensors" if name == "-o" else name)
+    _plant(kind, target, victim)
+    args = ["-o", str(target)] if name == "-o" else ["--hf-dir", str(folder)]
+    result = within(20, lambda: runner.invoke(app, ["export", str(ckpt), *args]))
+    assert victim.read_bytes() == before and cs.verify(ckpt).ok
+    assert [p.name for p in folder.iterdir() if p.name.startswith(".")] == []  # no private folder left
+    if kind == "hardlink":
+        assert result.exit_code == 0, result.output
+        assert not os.path.samefile(target, victim) and os.stat(victim).st_nlink == 1
+        written = target if name == "-o" else folder / "model.safetensors"
+        assert set(load_file(written)) == ({"model.w"} if name == "-o" else {"w"})
+    else:
+        what = "a symbolic link" if kind == "symlink" else "a FIFO"
+        assert result.exit_code == 2 and f"is {what}, not a file" in result.output, result.output
+        assert target.is_symlink() if kind == "symlink" else target.is_fifo()
+        assert sorted(p.name for p in folder.iterdir()) == [target.name]  # nothing else was written
+
+
+def test_export_of_a_symlink_loop_is_a_clear_error(tmp_path: Path) -> None:
+    """It was a RuntimeError traceback ("Symlink loop from ...")."""
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    ckpt = _numpy_run(tmp_path / "ckpt")
+    cases = [
+        ["export", str(loop), "-o", str(tmp_path / "x.safetensors")],
+        ["export", str(loop), "--hf-dir", str(tmp_path / "hf")],
+        ["export", str(ckpt), "-o", str(loop)],
+        ["export", str(ckpt), "-o", str(loop / "x.safetensors")],
+        ["export", str(ckpt), "--hf-dir", str(loop)],
+    ]
+    for args in cases:
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2 and "error:" in result.output, (args, result.output)
+        assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert loop.is_symlink() and cs.verify(ckpt).ok

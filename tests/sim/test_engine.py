@@ -150,3 +150,18 @@ def test_bad_schedules_are_refused() -> None:
         simulate_schedule(np.array([50, 40]), profile, Exponential(10.0), 100)
     with pytest.raises(SimulationError, match="trials"):
         simulate_schedule(np.array([50]), profile, Exponential(10.0), 100, trials=0)
+
+
+def test_a_stall_past_what_a_float_holds_is_refused_or_bounded() -> None:
+    """``crashsafe simulate --ckpt-cost 1e308s`` was an OverflowError traceback: the job's time
+    overflowed to inf (two stalls), or its failures per block did (one stall: 2 * g_end)."""
+    from crashsafe.sim.engine import run_trials
+
+    profile = Profile(_line(100), step_time=1.0, stall=1e308)
+    with pytest.raises(SimulationError, match="too large to simulate"):
+        simulate_schedule(np.array([10, 20]), profile, Exponential(3600.0), 100, trials=4)
+    outcomes = run_trials(
+        np.array([10.0]), np.array([1e308]), 100.0, 0.0, 0.0, _line(100), 1.0, Exponential(3600.0),
+        trials=4, seed=0, max_failures=20,
+    )  # fmt: skip
+    assert not outcomes.finished.any() and (outcomes.failures == 20).all()  # never finishes, in bounded work

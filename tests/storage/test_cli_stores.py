@@ -48,7 +48,7 @@ def test_verify_gc_show_and_export_take_urls(tmp_path: Path, bucket: str, option
     out = tmp_path / "w.safetensors"
     exported = runner.invoke(app, ["export", url, "-o", str(out), *opts])
     assert exported.exit_code == 0 and out.exists(), exported.output
-    collected = runner.invoke(app, ["gc", url, "--keep-last", "1", *opts])
+    collected = runner.invoke(app, ["gc", url, "--keep-last", "1", "--force", *opts])
     assert collected.exit_code == 0 and "kept [4]" in collected.output, collected.output
     assert cs.CheckpointManager(url, storage_options=options, read_only=True).steps() == [4]
     bad = runner.invoke(app, ["verify", url, "--storage-options", "{not json"])

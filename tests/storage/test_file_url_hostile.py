@@ -146,3 +146,28 @@ def test_a_file_where_the_location_belongs_is_a_clear_error(tmp_path: Path) -> N
         with pytest.raises(cs.StorageError, match="a file stands where its directory"):
             cs.CheckpointManager(tmp_path / "local", mirror=url)
     assert (tmp_path / "afile").read_text() == "x"
+
+
+def test_only_objects_named_as_a_steps_files_are_leftovers(tmp_path: Path) -> None:
+    """Under ``step_<n>/`` without a manifest, every object counted as a torn save's and went when
+    a writer opened: a ``notes.txt`` of someone else's too. Only crashsafe's shard names are."""
+    from crashsafe.storage.writer import StepWriter
+
+    _run(tmp_path, range(1, 3))
+    url = f"file://{tmp_path}"
+    store = FsspecStore(url, {})
+    torn = StepWriter(store, 5)
+    torn.write_payload(np.ones(1 << 16).data)
+    torn.persist()  # uploaded ...
+    torn.close()  # ... and never committed: a torn save
+    (shard,) = step_dir(tmp_path, 5).glob("data-*.bin")
+    for step in (1, 7):
+        step_dir(tmp_path, step).mkdir(exist_ok=True)
+        (step_dir(tmp_path, step) / "notes.txt").write_text("mine")
+    assert store.leftovers() == [f"{step_name(5)}/{shard.name}"]
+    assert cs.verify(url).leftovers == store.leftovers()
+    cs.CheckpointManager(url).close()  # a writer opening removes leftovers
+    assert not shard.exists() and FsspecStore(url, {}).leftovers() == []
+    for step in (1, 7):
+        assert (step_dir(tmp_path, step) / "notes.txt").read_text() == "mine"
+    assert cs.CheckpointManager(url, read_only=True).steps() == [1, 2]

@@ -8,14 +8,18 @@ imports the subcommands to register them).
 from __future__ import annotations
 
 import json
+import os
+import stat
 import time
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
 from crashsafe.format.manifest import MAX_STEP
+from crashsafe.storage.layout import committed_steps
 from crashsafe.storage.stores import is_url
 
 __all__ = [
@@ -32,6 +36,8 @@ __all__ = [
     "fail",
     "finish",
     "human_bytes",
+    "locate",
+    "nested_store",
     "parse_options",
     "progress_bar",
     "step_option",
@@ -93,6 +99,42 @@ def parse_options(location: str, text: str | None) -> dict[str, Any] | None:
     if not isinstance(options, dict):
         raise fail("--storage-options must be a JSON object")
     return options
+
+
+# stores the integrations keep inside a folder of their framework's: what each is
+_NESTED = {
+    ".crashsafe": "the store of a Lightning checkpoint folder (CrashsafeCheckpointIO)",
+    "crashsafe": "the store of a Hugging Face output_dir (CrashsafeTrainer)",
+}
+
+
+def nested_store(location: str) -> tuple[str, str] | None:
+    """(path, what it is) of the crashsafe store an integration keeps inside the local folder
+    ``location`` (``ckpt/.crashsafe``, ``output_dir/crashsafe``), when ``location`` holds no committed
+    step itself and that store (a real directory, not a link) holds some; else None."""
+    if is_url(location) or not location:
+        return None
+    try:
+        if committed_steps(location):
+            return None
+        for name, what in _NESTED.items():
+            inner = os.path.join(location, name)
+            if stat.S_ISDIR(os.lstat(inner).st_mode) and committed_steps(inner):
+                return inner, what
+    except OSError:  # not a folder, not there, not readable: the command says so itself
+        return None
+    return None
+
+
+def locate(location: str) -> str:
+    """The store a reading command reads: ``location``, or the integration's store inside it (see
+    :func:`nested_store`), said on stderr, so ``crashsafe ls ckpt`` lists a Lightning folder's steps."""
+    found = nested_store(location)
+    if found is None:
+        return location
+    note = f"note: {location} holds no committed step itself; reading {found[0]}, {found[1]}"
+    err.print(Text(note), soft_wrap=not err.is_terminal)  # piped: one line
+    return found[0]
 
 
 def emit_json(document: dict[str, Any]) -> None:

@@ -10,7 +10,7 @@ aligned text: no box characters, no colours.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rich import box
 from rich.cells import cell_len
@@ -33,6 +33,8 @@ class Column:
     folds: bool = False  # may wrap over lines instead of widening the table
     breaks: str = ""  # a folding column breaks lines after these characters (".": a dotted path)
     min_width: int = 20  # a folding column narrower than this (or its content) drops other columns first
+    words: bool = False  # a folding column that wraps between words only: never narrower than its
+    # longest word (a number), while dropping other columns can make room for it
 
 
 def fold(text: str, width: int, breaks: str) -> str:
@@ -56,6 +58,7 @@ def print_table(
     """Print ``rows`` fitted to the console's width, boxed on a terminal, plain text otherwise."""
     plain = not on.is_terminal
     natural = [max([len(c.name)] + [_cell_len(r[i]) for r in rows]) for i, c in enumerate(columns)]
+    columns = [_word_floor(c, [r[i] for r in rows]) for i, c in enumerate(columns)]
     shown = _fit(columns, natural, on.width, plain)
     widths = _widths([columns[i] for i in shown], [natural[i] for i in shown], on.width, plain)
     table = Table(
@@ -80,6 +83,14 @@ def print_table(
     left_out = [c.name for i, c in enumerate(columns) if i not in shown]
     if left_out:
         on.print(Text(f"(left out at {on.width} columns: {', '.join(left_out)}; see --json)"))
+
+
+def _word_floor(column: Column, cells: Sequence[Cell]) -> Column:
+    """``column`` with its ``min_width`` raised to its longest word, if it wraps between words."""
+    if not column.words:
+        return column
+    words = [cell_len(w) for c in cells for w in (c.plain if isinstance(c, Text) else c).split()]
+    return replace(column, min_width=max([column.min_width, *words]))
 
 
 def _cell_len(cell: Cell) -> int:

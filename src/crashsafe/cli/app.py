@@ -20,6 +20,7 @@ from crashsafe.cli._common import (
     fail,
     finish,
     human_bytes,
+    locate,
 )
 from crashsafe.cli._common import parse_options as _options
 from crashsafe.cli.diff import diff_cmd
@@ -64,6 +65,7 @@ def export_cmd(
         raise fail("give one of --output FILE and --hf-dir FOLDER")
     if hf_dir is not None and keep_prefix:
         raise fail("--keep-prefix does not apply to --hf-dir: from_pretrained wants the model's own names")
+    directory = locate(directory)
     options = _options(directory, storage_options)
     config = False
     try:

@@ -19,6 +19,7 @@ from crashsafe.cli._common import (
     console,
     emit_json,
     fail,
+    locate,
     parse_options,
     step_option,
 )
@@ -69,6 +70,9 @@ def diff_cmd(
         where_a, where_b, step_a, step_b = first, first, _step(second, "A"), _step(third, "B")
     else:
         where_a, where_b = first, second
+    same = where_a == where_b
+    where_a = locate(where_a)
+    where_b = where_a if same else locate(where_b)
     try:
         result = diff_steps(
             where_a,
@@ -170,7 +174,7 @@ def _print(result: StepDiff, show_all: bool) -> None:
     columns = [
         Column("path", folds=True, breaks=".", min_width=32),
         Column("status"),
-        Column("what changed", folds=True, min_width=16),
+        Column("what changed", folds=True, min_width=16, words=True),  # a number is never split
         Column("max abs", right=True, drop=1),
         Column("mean abs", right=True, drop=2),
     ]

@@ -33,17 +33,17 @@ __all__ = [
 KeepLastOpt = Annotated[
     int | None,
     typer.Option(
-        "--keep-last", min=1, help="keep the newest N steps (default 3 unless --keep-best or --keep-interval)"
+        "--keep-last", help="keep the newest N steps (default 3 unless --keep-best or --keep-interval)"
     ),
 ]
 KeepEveryOpt = Annotated[
-    int | None, typer.Option("--keep-every", min=1, help="also keep every step that is a multiple of this")
+    int | None, typer.Option("--keep-every", help="also keep every step that is a multiple of this")
 ]
 KeepIntervalOpt = Annotated[
     str | None, typer.Option("--keep-interval", help="also keep one step per this much commit time, e.g. 1h")
 ]
 KeepBestOpt = Annotated[
-    int | None, typer.Option("--keep-best", min=1, help="also keep the N steps with the best --metric")
+    int | None, typer.Option("--keep-best", help="also keep the N steps with the best --metric")
 ]
 KeepMetricOpt = Annotated[
     str | None, typer.Option("--metric", help="the metric --keep-best ranks, e.g. val_loss")
@@ -68,7 +68,14 @@ def keep_policy(
     mode: str,
     missing: str,
 ) -> KeepPolicy:
-    """The union of the policies the options name (the newest step is kept besides)."""
+    """The union of the policies the options name (the newest step is kept besides). A count below 1
+    is refused here, with the one-line ``error:`` of every command (typer's own check printed a box)."""
+    for option, value in (("--keep-last", last), ("--keep-every", every), ("--keep-best", best)):
+        if value is not None and value < 1:
+            raise fail(
+                f"{option} {value}: give a whole number of at least 1 (gc always keeps the newest step; "
+                "--keep-last 1 keeps only that one)"
+            )
     if best is None and metric is not None:
         raise fail(f"--metric {metric} ranks steps for --keep-best; add --keep-best N")
     if last is None and best is None and interval is None:

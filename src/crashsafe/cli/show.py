@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import datetime
-from typing import Any
+import fnmatch
+from typing import Annotated, Any
 
+import typer
 from rich.text import Text
 
 from crashsafe.cli._common import (
@@ -17,6 +19,7 @@ from crashsafe.cli._common import (
     emit_json,
     fail,
     human_bytes,
+    locate,
     parse_options,
 )
 from crashsafe.cli._tables import Column, print_table
@@ -54,13 +57,28 @@ def _pairs(values: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items())
 
 
+PathOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--path",
+        "-p",
+        help="only the tensors whose path matches this glob, e.g. 'model.*' (repeatable; quote it)",
+    ),
+]
+
+
 def show_cmd(
-    directory: Dir, step: StepOpt = None, storage_options: OptionsOpt = None, as_json: JsonOpt = False
+    directory: Dir,
+    step: StepOpt = None,
+    path: PathOpt = None,
+    storage_options: OptionsOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Show a step: the metrics and info it was saved with, and its tensors: path, dtype, shape,
-    codec (and delta base), bytes, ratio."""
+    codec (and delta base), bytes, ratio (with --path, only the paths that match)."""
     from crashsafe.manager import CheckpointManager
 
+    directory = locate(directory)
     try:
         with CheckpointManager(
             directory, read_only=True, storage_options=parse_options(directory, storage_options)
@@ -68,6 +86,7 @@ def show_cmd(
             manifest = mgr.manifest(step)
     except CrashsafeError as exc:
         raise fail(str(exc)) from None
+    shown = _matching(manifest.payloads, path)
     if as_json:
         emit_json(
             {
@@ -79,12 +98,29 @@ def show_cmd(
                 "info": manifest.info,
                 "raw_bytes": manifest.raw_nbytes,
                 "stored_bytes": manifest.stored_nbytes,
-                "tensors": [_payload_json(p) for p in manifest.payloads],
+                "tensors": [_payload_json(p) for p in shown],
             }
         )
         return
     _summary(directory, manifest)
-    _tensors(manifest)
+    _tensors(manifest, shown)
+    if path:
+        console.print(Text(f"{len(shown)} of {len(manifest.payloads)} tensors match {' or '.join(path)}"))
+
+
+def _matching(payloads: tuple[PayloadEntry, ...], patterns: list[str] | None) -> list[PayloadEntry]:
+    """The payloads whose path matches one of ``patterns`` (globs, case-sensitive, as codec patterns
+    are), all without; none matching is an error naming a few of the paths there are."""
+    if not patterns:
+        return list(payloads)
+    shown = [p for p in payloads if any(fnmatch.fnmatchcase(p.path, g) for g in patterns)]
+    if not shown:
+        some = ", ".join(p.path for p in payloads[:3]) + (", ..." if len(payloads) > 3 else "")
+        raise fail(
+            f"no tensor path matches {' or '.join(map(repr, patterns))}; the step's paths look like: "
+            f"{some or 'none'} (globs match the whole path: 'model.*', '*weight')"
+        )
+    return shown
 
 
 def _summary(directory: str, m: Manifest) -> None:
@@ -103,7 +139,7 @@ def _summary(directory: str, m: Manifest) -> None:
         console.print(Text(line))
 
 
-def _tensors(m: Manifest) -> None:
+def _tensors(m: Manifest, payloads: list[PayloadEntry]) -> None:
     distributed = any(p.rank is not None for p in m.payloads)
     sharded = any(p.shard is not None for p in m.payloads)
     columns = [
@@ -120,7 +156,7 @@ def _tensors(m: Manifest) -> None:
         Column("ratio", right=True, drop=7),
     ]
     rows = []
-    for p in m.payloads:
+    for p in payloads:
         rows.append(
             [
                 p.path,

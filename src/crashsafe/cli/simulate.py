@@ -64,6 +64,10 @@ def simulate_cmd(
 
     _check_plot(plot)
     try:
+        for option, value in (("--ckpt-cost", ckpt_cost), ("--persist", persist), ("--restart", restart)):
+            _within_a_century(option, value)
+        if job is not None:
+            _within_a_century("--job", job)
         profile = _profile(loss_curve, job, ckpt_cost, persist, restart, steps)
         end_rule, failure_model = _end_rule(end), _failures(failures, mtbf)
         names = [n.strip() for n in policy.split(",") if n.strip()]
@@ -139,6 +143,22 @@ def simulate_cmd(
         "vs 1st = paired ratio"
     )
     console.print(f"wrote the plot to {plot.resolve()}")
+
+
+_CENTURY = 100 * 365.25 * 86400.0  # seconds
+
+
+def _within_a_century(option: str, value: str) -> None:
+    """Refuse a duration past 100 years: it overflowed the simulation (``--ckpt-cost 1e308s``, an
+    OverflowError), or left every trial failing until the engine's cap, minutes per policy."""
+    from crashsafe._units import parse_duration
+
+    if parse_duration(value, option) > _CENTURY:
+        raise fail(
+            f"{option} {value}: the simulator takes durations up to 100 years ({_CENTURY:.3g} s); a "
+            "checkpoint stalls seconds to minutes, a job runs hours to months "
+            "(e.g. --ckpt-cost 30s --job 24h)"
+        )
 
 
 def _check_plot(path: Path) -> None:

@@ -3,6 +3,7 @@ reads them, listed with the metrics they were saved with, and collected."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 from pathlib import Path
 from typing import Annotated, Any
@@ -21,6 +22,8 @@ from crashsafe.cli._common import (
     fail,
     finish,
     human_bytes,
+    locate,
+    nested_store,
     parse_options,
     progress_bar,
 )
@@ -123,6 +126,7 @@ def ls_cmd(
     (of both tiers, with --mirror); --metric loss marks the best intact step."""
     if mode not in ("min", "max"):
         raise fail(f"--mode {mode!r}: use min (the lowest value is best) or max")
+    directory = locate(directory)
     tiers = {"local": directory} if mirror is None else {"local": directory, "mirror": mirror}
     by_step: dict[int, dict[str, StepReport]] = {}
     for tier, location in tiers.items():
@@ -205,6 +209,7 @@ def _status(on: dict[str, StepReport], name_tiers: bool) -> Text:
 def verify_cmd(directory: Dir, storage_options: OptionsOpt = None, as_json: JsonOpt = False) -> None:
     """Check every committed step as a load reads it (checksums, decoding, delta chains); exit 1 if
     any step is damaged."""
+    directory = locate(directory)
     report = _verify_with_progress(directory, parse_options(directory, storage_options))
     reports = report.steps
     bad = [r for r in reports if not r.ok]
@@ -231,14 +236,29 @@ def verify_cmd(directory: Dir, storage_options: OptionsOpt = None, as_json: Json
             )
     if bad:
         intact = [r.step for r in reports if r.ok]
-        hint = f"newest intact step: {intact[-1]}" if intact else "no intact step"
-        err.print(
-            f"[bold red]{len(bad)} of {len(reports)} steps damaged[/]; {hint}. Restore falls "
-            "back to the newest intact step; delete damaged ones with `crashsafe gc`."
-        )
+        if intact:
+            hint = (
+                f"newest intact step: {intact[-1]}. Restore falls back to the newest intact step; delete "
+                "damaged ones with `crashsafe gc --delete-damaged`."
+            )
+        else:
+            hint = (
+                "no step is intact, so restore has none to fall back to (it raises). Look for another "
+                "copy of the run (a mirror, a backup) before deleting anything."
+            )
+        err.print(f"[bold red]{len(bad)} of {len(reports)} steps damaged[/]; {hint}")
         raise typer.Exit(1)
     if not as_json:
-        console.print(f"[bold green]all {len(reports)} steps intact[/]")
+        if reports:
+            console.print(f"[bold green]all {len(reports)} steps intact[/]")
+        else:
+            console.print(Text(f"no committed checkpoints in {directory}: nothing to verify"))
+
+
+ForceOpt = Annotated[
+    bool,
+    typer.Option("--force", help="delete even when one step or none would be left (nothing to fall back to)"),
+]
 
 
 def gc_cmd(
@@ -251,23 +271,43 @@ def gc_cmd(
     mode: KeepModeOpt = "min",
     missing: KeepMissingOpt = "keep",
     delete_damaged: Annotated[bool, typer.Option(help="also delete damaged steps")] = False,
+    force: ForceOpt = False,
     storage_options: OptionsOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Delete old steps (and torn leftovers) crash-safely, keeping the newest N, or what the --keep-*
-    options name (their union), the newest step and every delta base a kept step needs."""
+    options name (their union), the newest step and every delta base a kept step needs. Deleting
+    down to a single step (nothing left to fall back to) needs --force."""
+    from crashsafe.chain import doomed_steps, protected_steps
     from crashsafe.manager import CheckpointManager
+    from crashsafe.verification import verify
 
     keep = keep_policy(keep_last, keep_every, keep_interval, keep_best, metric, mode, missing)
     options = parse_options(directory, storage_options)
     if not is_url(directory) and not Path(directory).is_dir():
         raise fail(f"{directory} is not a directory")
-    try:  # opening as the writer removes torn leftovers; gc keeps every delta base a kept step needs
-        store = open_store(directory, storage_options=options, existing=True)
-        torn = store.leftovers()
-        store.close()
-        with CheckpointManager(directory, keep=keep, async_save=False, storage_options=options) as mgr:
-            deleted = mgr.gc(delete_damaged=delete_damaged)
+    try:
+        with contextlib.closing(open_store(directory, storage_options=options, existing=True)) as store:
+            torn, steps = store.leftovers(), store.steps()
+        if not steps and not torn:
+            _nothing_to_collect(directory, as_json)
+            return
+        # opening as the writer removes torn leftovers; gc keeps every delta base a kept step needs
+        with (
+            CheckpointManager(directory, keep=keep, async_save=False, storage_options=options) as mgr,
+            contextlib.closing(open_store(directory, storage_options=options, existing=True)) as store,
+        ):
+            damaged: set[int] = set()
+            if delete_damaged:  # every step that does not verify and no intact step needs
+                report = verify(directory, storage_options=options)
+                damaged = {r.step for r in report.damaged} - protected_steps(store, report.intact)
+            left = [s for s in store.steps() if s not in damaged]
+            doomed = doomed_steps(store, keep, steps=left)
+            if (damaged or doomed) and len(left) - len(doomed) < 2 and not force:
+                raise _single_step(sorted(damaged | set(doomed)), sorted(set(left) - set(doomed)))
+            if damaged:
+                mgr.delete(sorted(damaged))
+            deleted = sorted(damaged | set(mgr.gc()))
             kept = mgr.steps()
     except CrashsafeError as exc:
         raise fail(str(exc)) from None
@@ -275,4 +315,30 @@ def gc_cmd(
         as_json,
         {"location": directory, "deleted": deleted, "leftovers": torn, "kept": kept},
         f"deleted {len(deleted)} steps and {len(torn)} leftovers; kept {kept}",
+    )
+
+
+def _nothing_to_collect(directory: str, as_json: bool) -> None:
+    """gc of a folder with no step and no leftover: no writer is opened there (it would leave a
+    ``.lock`` in a folder that is not a store); an integration's store inside it is named."""
+    found = nested_store(directory)
+    if found is not None:
+        raise fail(
+            f"{directory} holds no committed step itself; {found[0]} is {found[1]}. Its framework "
+            f"decides what that store keeps; to collect it anyway: crashsafe gc {found[0]}"
+        )
+    finish(
+        as_json,
+        {"location": directory, "deleted": [], "leftovers": [], "kept": []},
+        f"nothing to collect in {directory}: no committed step, no leftover",
+    )
+
+
+def _single_step(deleting: list[int], staying: list[int]) -> typer.Exit:
+    """The refusal of a gc that would leave one step or none without --force."""
+    left = f"only step {staying[0]}" if staying else "no step at all"
+    return fail(
+        f"this would delete steps {deleting} and leave {left}: nothing to fall back to if "
+        f"{'it' if staying else 'a step'} is damaged. Add --force to delete them anyway, or keep more "
+        "steps (e.g. --keep-last 2); nothing was deleted"
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import numbers
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,7 +18,7 @@ from typing import Any
 import xxhash
 
 from crashsafe.codecs.registry import get_codec
-from crashsafe.errors import CodecError, CorruptCheckpointError
+from crashsafe.errors import CodecError, CorruptCheckpointError, InvalidArgumentError
 from crashsafe.format.checks import MAX_INT64, MAX_NDIM, MIN_INT64
 from crashsafe.format.checks import bad as _bad
 from crashsafe.format.checks import checked_int as _int
@@ -38,6 +39,7 @@ __all__ = [
     "PayloadEntry",
     "base_mark",
     "check_written",
+    "checked_step",
     "dumps",
     "loads",
     "validate_file_name",
@@ -59,6 +61,17 @@ MAX_JSON_VALUES = 4_500_000  # count of b"{", b"[" and b",": every JSON value bu
 LEAF_KINDS = frozenset({"torch", "numpy", "npscalar", "bytes"})
 _FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 _HEX64 = re.compile(r"[0-9a-f]{16}")
+
+
+def checked_step(step: object) -> int:
+    """``step`` as an int if a step can have that number (a whole number, numpy's too, from 0 to
+    2**63 - 1; not a bool), else InvalidArgumentError (a ValueError): the check of a step to save."""
+    if isinstance(step, bool) or not isinstance(step, numbers.Integral) or not 0 <= int(step) <= MAX_STEP:
+        raise InvalidArgumentError(
+            f"step must be a whole number from 0 to 2**63 - 1 (the training step being saved), got "
+            f"{step!r}; nothing was saved"
+        )
+    return int(step)
 
 
 def base_mark(base: int) -> str:

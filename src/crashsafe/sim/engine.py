@@ -59,7 +59,7 @@ def run_trials(
     starts = c[1:] + cum[:-1]  # G at which stall k begins (k = 1..n)
     starts_ext = np.concatenate([starts, [np.inf]])  # safe to index when there is no checkpoint
     durable = np.concatenate([[-np.inf], c[1:] + cum[1:] + persist])
-    g_end = compute + cum[n]
+    g_end = float(compute + cum[n])  # a python float: past 1.8e308 it is inf, with no warning
     loss_at = curve.progress_at(c / step_time)
 
     j = np.zeros(trials, dtype=np.int64)  # index of the checkpoint the trial resumes from
@@ -72,7 +72,11 @@ def run_trials(
     count = np.zeros(trials, dtype=np.int64)
     finished = np.ones(trials, dtype=bool)
 
-    width = max(8, int(2 * g_end / failures.mtbf) + 8) if np.isfinite(failures.mtbf) else 1
+    # gaps drawn per block: about twice the failures the job expects, never past the max_failures + 1
+    # a trial can use (a float until then: 2 * g_end / mtbf may overflow for absurd costs)
+    width = 1
+    if np.isfinite(failures.mtbf):
+        width = int(min(max(8.0, 2 * g_end / failures.mtbf + 8), max_failures + 8))
     gaps = failures.block(seed, trials, 0, width)
     column = np.zeros(trials, dtype=np.int64)
     next_fail = gaps[:, 0].copy()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import numpy as np
@@ -56,6 +57,12 @@ def simulate_schedule(
     if np.any(np.diff(steps) <= 0) or (steps.size and (steps[0] < 1 or steps[-1] >= end_step)):
         raise SimulationError("checkpoint steps must increase strictly and lie in [1, end_step)")
     stalls = np.full(steps.size, profile.stall) if stalls is None else np.asarray(stalls, dtype=np.float64)
+    busy = end_step * profile.step_time + sum(stalls.tolist()) + profile.persist + profile.restart
+    if not math.isfinite(busy):  # (a float overflows past 1.8e308 s: "--ckpt-cost 1e308s")
+        raise SimulationError(
+            "the job's failure-free time (training, every checkpoint's stall, persist and restart) is too "
+            "large to simulate; give durations a run can have, e.g. --ckpt-cost 30s --job 24h"
+        )
     outcomes = run_trials(
         steps * profile.step_time, stalls, end_step * profile.step_time, profile.persist, profile.restart,
         profile.curve, profile.step_time, failures, trials, seed,

@@ -35,7 +35,7 @@ from crashsafe.errors import CheckpointExistsError, CorruptCheckpointError, NoCh
 from crashsafe.format.manifest import MANIFEST_NAME
 from crashsafe.storage.background import IOLoop
 from crashsafe.storage.base import Capabilities, Draft, Lock, Store, StoredFile, StoredStep
-from crashsafe.storage.layout import LOCK_NAME, parse_step_name, step_name
+from crashsafe.storage.layout import LOCK_NAME, is_step_file, parse_step_name, step_name
 from crashsafe.storage.lease import Lease
 from crashsafe.storage.localfs import SafeLocalFileSystem
 from crashsafe.storage.retry import with_retries
@@ -198,11 +198,12 @@ class FsspecStore(Store):
 
     def leftovers(self) -> list[str]:
         """Objects of steps without a manifest (torn saves, interrupted deletions), and shards a
-        committed step's manifest does not name (the loser of a race)."""
+        committed step's manifest does not name (the loser of a race): only objects named as
+        crashsafe names a step's files (another object under ``step_<n>/`` is not crashsafe's)."""
         by_step: dict[str, list[str]] = {}
         for key in self._objects():
             name, _, file = key.partition("/")
-            if parse_step_name(name) is not None and file:
+            if parse_step_name(name) is not None and is_step_file(file):
                 by_step.setdefault(name, []).append(file)
         found = []
         for name, files in sorted(by_step.items()):
