@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from crashsafe._log import logger
 from crashsafe._metrics import clean_metrics
 from crashsafe.chain import direct_bases, doomed_steps, protected_steps
 from crashsafe.distributed.collective import collective_for
@@ -37,7 +38,7 @@ from crashsafe.errors import (
     UnsupportedStateError,
 )
 from crashsafe.format.manifest import MAX_STEP, Manifest
-from crashsafe.loading import from_copies, listed_steps, newest_intact, on_damage, read_state
+from crashsafe.loading import from_copies, listed_steps, newest_intact, note_read, on_damage, read_state
 from crashsafe.mapping import map_step
 from crashsafe.mirroring import Mirror
 from crashsafe.policies.base import EverySteps, SaveContext, SavePolicy
@@ -225,11 +226,8 @@ class CheckpointManager:
             self._delete(store, [step])
 
         self._by_leader(check, f"saving step {step}")
-        warnings.warn(
-            f"step {step} was committed but damaged; it was deleted and is saved again",
-            CorruptCheckpointWarning,
-            stacklevel=3,
-        )
+        message = f"step {step} was committed but damaged; it was deleted and is saved again"
+        warnings.warn(message, CorruptCheckpointWarning, stacklevel=3)
 
     def maybe_save(
         self, step: int, state: Mapping[str, Any], metrics: Mapping[str, Any] | None = None
@@ -334,6 +332,7 @@ class CheckpointManager:
             done = f"step {saved} is committed, but " if saved is not None else ""
             failed = f"{done}deleting old steps failed: {exc}. Retention tries again after the next save"
             warnings.warn(f"{failed} (or run `crashsafe gc`)", RetentionWarning, stacklevel=2)
+            logger().warning("%s", failed)
 
     def _committed(self, manifest: Manifest) -> None:
         """Cache a committed step's delta bases and facts from its manifest (a re-saved step's anew)."""
@@ -379,9 +378,8 @@ class CheckpointManager:
         self._by_leader(delete, "deleting steps")
 
     def gc(self, *, delete_damaged: bool = False) -> list[int]:
-        """Apply this manager's retention now (with ``delete_damaged``, first delete every step that
-        does not verify and no intact step needs, so that retention counts intact steps only);
-        return the deleted steps. Torn leftovers were removed when it opened."""
+        """Apply the retention now (``delete_damaged`` first deletes the damaged steps no intact step
+        needs, so it counts intact steps only); return the deleted steps (torn leftovers went at open)."""
         from crashsafe.verification import verify
 
         store = self._writable()
@@ -440,9 +438,8 @@ class CheckpointManager:
 
     @contextlib.contextmanager
     def _reading(self) -> Iterator[list[Store]]:
-        """The stores to read, local tier first: a writer's own, or (readers) the locations opened
-        afresh, so a reader follows a directory that is replaced. A local directory that does not
-        exist (yet) counts as empty when there is a mirror."""
+        """The stores to read, local tier first: a writer's own, or (readers) opened afresh, following a
+        directory that is replaced. A missing local directory counts as empty when there is a mirror."""
         with contextlib.ExitStack() as stack:
             stores: list[Store] = []
             if self._store is not None and not self._closed:
@@ -509,9 +506,11 @@ class CheckpointManager:
         (the :meth:`best_step` by ``metric`` and ``mode``). ``mmap=True`` (a local directory) gives raw
         payloads as read-only numpy views of the mapped files, never copied (crashsafe/mapping.py).
         """
-        loaded = self._load(pick_step(step, metric, mode, self.best_step), numpy, mmap)
+        began, picked = time.perf_counter(), pick_step(step, metric, mode, self.best_step)
+        loaded = self._load(picked, numpy, mmap)
         if loaded is None:
             raise NoCheckpointError(f"no committed checkpoint in {self.directory}; nothing to load")
+        note_read(loaded[0], picked, self.directory, began)
         return loaded[1]
 
     def restore(
@@ -531,8 +530,9 @@ class CheckpointManager:
         """
         if not isinstance(state, MutableMapping):
             raise UnsupportedStateError(f"restore needs a dict of live objects, not a {type(state).__name__}")
-        picked = pick_step(step, metric, mode, self.best_step)
-        return self._read(lambda stores: restore_into(stores, state, picked, self._collective, stacklevel=5))
+        began, picked = time.perf_counter(), pick_step(step, metric, mode, self.best_step)
+        found = self._read(lambda stores: restore_into(stores, state, picked, self._collective, stacklevel=5))
+        return note_read(found, picked, self.directory, began)
 
     def _load(self, step: int | None, numpy: bool, mmap: bool = False) -> tuple[int, dict[str, Any]] | None:
         """The step asked for, or the newest intact one (None if there is no step at all)."""
