@@ -96,16 +96,18 @@ def _best(reports: list[StepReport], metric: str, mode: str) -> int | None:
     return min(scored, key=lambda vs: (sign * vs[0], -vs[1]))[1]
 
 
-def _common_metrics(reports: list[StepReport], metric: str | None) -> list[str]:
-    """The metric keys every intact step records (in the first one's order), plus ``metric``."""
-    intact = [r.metrics for r in reports if r.ok]
-    keys = [k for k in intact[0] if all(k in m for m in intact)] if intact else []
+def _metric_columns(reports: list[StepReport], metric: str | None) -> list[str]:
+    """The metric keys any intact step records (in the order first seen), plus ``metric``: a step
+    that did not record one shows "-" (a Hugging Face step saved where nothing was logged)."""
+    keys = list(dict.fromkeys(k for r in reports if r.ok for k in r.metrics))
     return [*keys, metric] if metric is not None and metric not in keys else keys
 
 
 def _metric_text(value: object) -> str:
     if value is None:
         return "-"
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+        return str(int(value))  # a step or an epoch counted in a float: 2000, not 2e+03
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value)
@@ -156,7 +158,7 @@ def ls_cmd(
     if not chosen:
         console.print(Text(f"no committed checkpoints in {' or '.join(tiers.values())}"))
         return
-    metrics = _common_metrics(chosen, metric)
+    metrics = _metric_columns(chosen, metric)
     columns = [Column("step", right=True)]
     columns += [Column("tier")] if mirror is not None else []
     columns += [Column(k, right=True, drop=2 if k == metric else 5) for k in metrics]
