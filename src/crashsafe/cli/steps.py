@@ -77,6 +77,7 @@ def report_json(r: StepReport) -> dict[str, Any]:
         "created": r.created,
         "bases": sorted(r.bases),
         "metrics": r.metrics,
+        "saved_as": r.saved_as,
     }
 
 
@@ -159,8 +160,10 @@ def ls_cmd(
         console.print(Text(f"no committed checkpoints in {' or '.join(tiers.values())}"))
         return
     metrics = _metric_columns(chosen, metric)
+    named = any(r.saved_as is not None for r in chosen)  # Lightning's: the file each step was saved as
     columns = [Column("step", right=True)]
     columns += [Column("tier")] if mirror is not None else []
+    columns += [Column("saved as", drop=3)] if named else []
     columns += [Column(k, right=True, drop=2 if k == metric else 5) for k in metrics]
     columns += [
         Column("stored", right=True, drop=7),
@@ -173,6 +176,7 @@ def ls_cmd(
     for r in chosen:
         on = by_step[r.step]
         cells: list[Cell] = [str(r.step), "+".join(on)] if mirror is not None else [str(r.step)]
+        cells += [r.saved_as or "-"] if named else []
         for k in metrics:
             text = _metric_text(r.metrics.get(k))
             cells.append(
