@@ -226,3 +226,12 @@ def test_a_resume_is_told_through_hfs_trainer_logger(tmp_path: Path) -> None:
         hf_logger.setLevel(level)
     mine = [r.getMessage() for r in records if r.getMessage().startswith("crashsafe:")]
     assert mine == [f"crashsafe: resumed from step 4 ({tmp_path / 'crashsafe'}, {mine[0].split(', ')[-1]}"]
+
+
+def test_a_second_trainer_on_one_directory_is_told_to_close_the_first(tmp_path: Path) -> None:
+    first = _trainer(tmp_path, 4, 4)
+    held = r"in this very process .*a CrashsafeTrainer.*trainer\.close\(\)"
+    with pytest.raises(cs.LockedError, match=held):
+        _trainer(tmp_path, 4, 4)
+    first.close()
+    _trainer(tmp_path, 4, 4).close()

@@ -39,11 +39,13 @@ from crashsafe.errors import CrashsafeError
 from crashsafe.manager import CheckpointManager
 from crashsafe.state.rebuild import apply_into, check_into
 from crashsafe.state.rng import RNGState
+from crashsafe.storage.lock import held_by
 
 __all__ = ["CrashsafeTrainer", "CrashsafeTrainerMixin"]
 
 _LOG = logging.getLogger("transformers.trainer")  # where HF's Trainer logs its own checkpoints
 _RESUMED = ("model", "optimizer", "scheduler", "rng", "trainer_state")  # what a resume needs of a step
+_TRAINER_HOLDS = "a CrashsafeTrainer, which holds its checkpoint_dir until its close(): call trainer.close()"
 
 
 class CrashsafeTrainerMixin:
@@ -73,7 +75,8 @@ class CrashsafeTrainerMixin:
         options = {"keep_last": hf.args.save_total_limit, **(manager_options or {})}
         output = Path(hf.args.output_dir or "trainer_output")
         directory = checkpoint_dir if checkpoint_dir is not None else output / "crashsafe"
-        self.checkpoints = CheckpointManager(directory, **options)
+        with held_by(_TRAINER_HOLDS):
+            self.checkpoints = CheckpointManager(directory, **options)
         self._resuming: dict[str, Any] | None = None
         self._saved_step: int | None = None
         self._config = _ConfigDict()
