@@ -15,8 +15,10 @@
   :class:`~crashsafe.CheckpointManager` (policies, codecs, retention, SIGTERM) and resumes from its
   newest intact step when ``fit`` starts.
 
-Both save the RNG states with Lightning's checkpoint and restore them on resume, so with a resumable
-dataloader a resumed run continues bit for bit.
+Both save the RNG states with Lightning's checkpoint and restore them on resume, so a run resumed from
+an epoch's end (or with data that follows Lightning's batch index) continues bit for bit; from
+mid-epoch Lightning itself restarts the epoch's data (docs/integrations.md, "Which Lightning resumes
+are exact"). Steps are numbered by Lightning's global step.
 """
 
 from __future__ import annotations
