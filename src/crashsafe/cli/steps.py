@@ -164,7 +164,9 @@ def ls_cmd(
     columns = [Column("step", right=True)]
     columns += [Column("tier")] if mirror is not None else []
     columns += [Column("saved as", drop=3)] if named else []
-    columns += [Column(k, right=True, drop=2 if k == metric else 5) for k in metrics]
+    columns += [  # a metric named "step" (older Hugging Face stores recorded HF's) is not the step
+        Column(f"metric {k}" if k == "step" else k, right=True, drop=2 if k == metric else 5) for k in metrics
+    ]
     columns += [
         Column("stored", right=True, drop=7),
         Column("raw", right=True, drop=9),
