@@ -9,11 +9,13 @@ reader beside a writer always ends on a whole step.
 from __future__ import annotations
 
 import contextlib
+import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from crashsafe._cuda import DeviceUpload, is_cuda
+from crashsafe._log import logger
 from crashsafe.chain import ChainReader
 from crashsafe.distributed.shards import Targets, read_sharded
 from crashsafe.errors import (
@@ -38,6 +40,7 @@ __all__ = [
     "listed_steps",
     "newest",
     "newest_intact",
+    "note_read",
     "on_damage",
     "read_state",
     "read_value",
@@ -175,6 +178,7 @@ def from_copies(stores: Sequence[Store], step: int, read: Callable[[Store], _T],
         except (CorruptCheckpointError, StorageError) as exc:
             message = f"skipping a damaged copy: {exc}. Reading step {step} from the next tier."
             skip_damaged(message, stacklevel + 1)
+            logger().warning("fell back from the copy of step %d in %s because %s", step, store.location, exc)
     return read(copies[-1])
 
 
@@ -244,6 +248,7 @@ def newest(
                 damage[step, tier] = str(exc)
                 message = f"skipping damaged checkpoint: {exc}. Falling back to an older step."
                 skip_damaged(message, stacklevel + 1)
+                logger().warning("fell back from step %d because %s", step, exc)
             except NoCheckpointError:
                 vanished = True  # deleted by the writer's retention while we read it
         if not vanished:
@@ -259,3 +264,13 @@ def newest(
         + "; ".join(damage[k] for k in sorted(damage, reverse=True))
         + ". Run `crashsafe verify` for details."
     )
+
+
+def note_read(step: int | None, asked: int | None, where: str, began: float) -> int | None:
+    """Log the one line of a read: "resumed from step N" for the newest intact step (``asked`` None),
+    "loaded step N" for a step asked for by number; where from and how long it took
+    (``time.perf_counter()`` at ``began``). Returns ``step``."""
+    if step is not None:
+        what = "resumed from" if asked is None else "loaded"
+        logger().info("%s step %d (%s, %.2f s)", what, step, where, time.perf_counter() - began)
+    return step

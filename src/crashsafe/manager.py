@@ -18,6 +18,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
 from typing import Any, TypeVar
 
+from crashsafe._log import logger
 from crashsafe._metrics import clean_metrics
 from crashsafe.chain import direct_bases, doomed_steps, protected_steps
 from crashsafe.distributed.collective import collective_for
@@ -35,7 +36,7 @@ from crashsafe.errors import (
     UnsupportedStateError,
 )
 from crashsafe.format.manifest import Manifest, checked_step
-from crashsafe.loading import from_copies, listed_steps, newest_intact, on_damage, read_state
+from crashsafe.loading import from_copies, listed_steps, newest_intact, note_read, on_damage, read_state
 from crashsafe.mapping import map_step
 from crashsafe.mirroring import Mirror
 from crashsafe.policies.base import EverySteps, SaveContext, SavePolicy
@@ -223,11 +224,8 @@ class CheckpointManager:
             self._delete(store, [step])
 
         self._by_leader(check, f"saving step {step}")
-        warnings.warn(
-            f"step {step} was committed but damaged; it was deleted and is saved again",
-            CorruptCheckpointWarning,
-            stacklevel=3,
-        )
+        message = f"step {step} was committed but damaged; it was deleted and is saved again"
+        warnings.warn(message, CorruptCheckpointWarning, stacklevel=3)
 
     def maybe_save(
         self, step: int, state: Mapping[str, Any], metrics: Mapping[str, Any] | None = None
@@ -331,6 +329,7 @@ class CheckpointManager:
             done = f"step {saved} is committed, but " if saved is not None else ""
             failed = f"{done}deleting old steps failed: {exc}. Retention tries again after the next save"
             warnings.warn(f"{failed} (or run `crashsafe gc`)", RetentionWarning, stacklevel=2)
+            logger().warning("%s", failed)
 
     def _committed(self, manifest: Manifest) -> None:
         """Cache a committed step's delta bases and facts from its manifest (a re-saved step's anew)."""
@@ -376,9 +375,8 @@ class CheckpointManager:
         self._by_leader(delete, "deleting steps")
 
     def gc(self, *, delete_damaged: bool = False) -> list[int]:
-        """Apply this manager's retention now (with ``delete_damaged``, first delete every step that
-        does not verify and no intact step needs, so that retention counts intact steps only);
-        return the deleted steps. Torn leftovers were removed when it opened."""
+        """Apply the retention now (``delete_damaged`` first deletes the damaged steps no intact step
+        needs, so it counts intact steps only); return the deleted steps (torn leftovers went at open)."""
         from crashsafe.verification import verify
 
         store = self._writable()
@@ -507,7 +505,7 @@ class CheckpointManager:
         payloads as read-only numpy views of the mapped files, never copied (crashsafe/mapping.py).
         ``device`` (e.g. ``"cuda:0"``): tensors are made there, read straight into device memory.
         """
-        picked = pick_step(step, metric, mode, self.best_step)
+        began, picked = time.perf_counter(), pick_step(step, metric, mode, self.best_step)
 
         def load(stores: list[Store]) -> tuple[int, dict[str, Any]] | None:
             if self._collective is not None:
@@ -522,6 +520,7 @@ class CheckpointManager:
         loaded = self._read(load)
         if loaded is None:
             raise NoCheckpointError(f"no committed checkpoint in {self.directory}; nothing to load")
+        note_read(loaded[0], picked, self.directory, began)
         return loaded[1]
 
     def restore(
@@ -541,8 +540,9 @@ class CheckpointManager:
         """
         if not isinstance(state, MutableMapping):
             raise UnsupportedStateError(f"restore needs a dict of live objects, not a {type(state).__name__}")
-        picked = pick_step(step, metric, mode, self.best_step)
-        return self._read(lambda stores: restore_into(stores, state, picked, self._collective, stacklevel=5))
+        began, picked = time.perf_counter(), pick_step(step, metric, mode, self.best_step)
+        found = self._read(lambda stores: restore_into(stores, state, picked, self._collective, stacklevel=5))
+        return note_read(found, picked, self.directory, began)
 
     def _read(self, read: Callable[[list[Store]], _T]) -> _T:
         """``read(stores)`` once the pending save is committed; damage found resets the planner."""

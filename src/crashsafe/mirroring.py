@@ -16,6 +16,7 @@ import threading
 import time
 import warnings
 
+from crashsafe._log import logger
 from crashsafe.chain import doomed_steps, protected_steps
 from crashsafe.errors import CorruptCheckpointError, CrashsafeError, MirrorWarning, NoCheckpointError
 from crashsafe.format.manifest import Manifest, PayloadEntry
@@ -107,6 +108,7 @@ class Mirror:
             errors, self._errors = self._errors, []
         for error in errors:
             warnings.warn(f"{error}; the step stays local and is retried", MirrorWarning, stacklevel=3)
+            logger().warning("%s; the step stays local and is retried", error)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until every pending step is mirrored (or failed this round); True if none is left."""

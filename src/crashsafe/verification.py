@@ -32,6 +32,7 @@ class StepReport:
     created: float | None = None
     bases: frozenset[int] = frozenset()  # earlier steps its delta payloads need
     metrics: dict[str, Any] = field(default_factory=dict)  # what the step was saved with
+    saved_as: str | None = None  # a Lightning checkpoint's file name (Manifest.saved_as)
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,8 @@ def _verify_step(chains: ChainReader, step: int) -> StepReport | None:
             pass
         m = chains.manifest(step)
         bases = direct_bases(m)
-        return StepReport(step, True, None, m.raw_nbytes, m.stored_nbytes, m.created, bases, m.metrics)
+        sizes = (m.raw_nbytes, m.stored_nbytes, m.created)
+        return StepReport(step, True, None, *sizes, bases, m.metrics, m.saved_as)
     except CorruptCheckpointError as exc:
         return StepReport(step, False, str(exc), stored_bytes=chains.store.stored_bytes(step))
     except NoCheckpointError:

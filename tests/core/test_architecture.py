@@ -20,6 +20,7 @@ LAYERS: list[tuple[str, ...]] = [
         "crashsafe._closing",
         "crashsafe._cuda",
         "crashsafe._faults",
+        "crashsafe._log",
         "crashsafe._memory",
         "crashsafe._torch",
         "crashsafe.errors",

@@ -55,3 +55,22 @@ def test_the_verify_function_does_not_hide_its_module() -> None:
     import crashsafe.verification
 
     assert callable(cs.verify) and cs.verify is crashsafe.verification.verify
+
+
+def test_the_extras_ask_for_a_torch_range_and_only_this_repo_pins_it() -> None:
+    """``pip install crashsafe[torch]`` must keep a user's torch (a CUDA build, 2.11): the extras
+    declare the range crashsafe was tested with; the exact pin is this repository's constraints."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    root = Path(__file__).resolve().parents[2]
+    extras = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    torch = [r for reqs in extras.values() for r in map(Requirement, reqs) if r.name == "torch"]
+    assert torch, "no extra asks for torch"
+    for requirement in torch:
+        assert all(s.operator not in ("==", "===", "~=") for s in requirement.specifier), requirement
+        assert all(requirement.specifier.contains(v) for v in ("2.11.0", "2.12.1", "2.13.0", "2.14.0"))
+        assert not requirement.specifier.contains("2.10.0")  # never tested
+    pins = [line.strip() for line in (root / "constraints.txt").read_text().splitlines()]
+    assert "torch==2.13.0" in pins

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
+import logging
 import os
 import random
+import shutil
 import threading
 import warnings
 from pathlib import Path
@@ -190,3 +193,120 @@ def test_removals_wait_for_an_idle_writer_and_a_re_saved_name_stays(tmp_path: Pa
     first, *rest = io.stats  # a directory's first checkpoint commits before its save returns
     assert 0 < first.durable <= first.stall
     assert all(0 < s.stall < s.durable for s in rest)
+
+
+def test_a_save_after_fit_leaves_the_directory_to_the_next_trainer(tmp_path: Path) -> None:
+    """``trainer.save_checkpoint`` after ``fit`` reopened the plugin's store and kept its lock, so the
+    next Trainer of the process (a notebook's next cell) got a LockedError naming its own pid."""
+    _, trainer = _fit(tmp_path, 4, ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=4))
+    trainer.save_checkpoint(tmp_path / "after.ckpt")  # committed before it returns, and released
+    assert cs_lightning.load_checkpoint(tmp_path / "after.ckpt")["global_step"] == 4
+    checkpoint = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=4, save_last=True)
+    _, again = _fit(tmp_path, 8, checkpoint, ckpt_path=str(tmp_path / "after.ckpt"))
+    assert again.global_step == 8
+    assert cs_lightning.load_checkpoint(tmp_path / "last.ckpt")["global_step"] == 8
+    trainer.save_checkpoint(tmp_path / "after.ckpt")  # the first Trainer again: its save goes through
+    cs.CheckpointManager(tmp_path / STORE).close()  # and nothing holds the directory
+    assert cs.verify(tmp_path / STORE).ok
+
+
+def test_a_directory_held_by_a_running_trainer_says_so_to_another_in_the_process(tmp_path: Path) -> None:
+    running, other = cs_lightning.CrashsafeCheckpointIO(), cs_lightning.CrashsafeCheckpointIO()
+    running.save_checkpoint({"global_step": 1, "w": torch.ones(4)}, tmp_path / "a.ckpt")  # in its run
+    holds = rf"in this very process \(pid {os.getpid()}\): the CrashsafeCheckpointIO plugin of a Lightning"
+    with pytest.raises(cs.LockedError, match=holds + r".*trainer\.strategy\.checkpoint_io\.teardown\(\)"):
+        other.save_checkpoint({"global_step": 2, "w": torch.ones(4)}, tmp_path / "b.ckpt")
+    running.teardown()
+    other.save_checkpoint({"global_step": 2, "w": torch.ones(4)}, tmp_path / "b.ckpt")
+    other.teardown()
+    assert _stored_names(tmp_path) == ["a.ckpt", "b.ckpt"]
+
+
+def test_steps_are_lightnings_global_steps_and_ls_and_show_name_the_files(tmp_path: Path) -> None:
+    """Each save is numbered by Lightning's global step; ``save_last``'s second save of a step takes
+    the next number. ``crashsafe ls`` and ``show`` name the file each step was saved as."""
+    checkpoint = ModelCheckpoint(dirpath=tmp_path, save_top_k=-1, save_last=True, every_n_train_steps=3)
+    _fit(tmp_path, 9, checkpoint)
+    with cs.CheckpointManager(tmp_path / STORE, read_only=True) as mgr:
+        saved = {step: (mgr.manifest(step).saved_as, mgr.load(step)["lightning"]["global_step"])
+                 for step in mgr.steps()}  # fmt: skip
+    assert saved == {
+        3: ("epoch=0-step=3.ckpt", 3),
+        6: ("epoch=0-step=6.ckpt", 6),
+        9: ("epoch=0-step=9.ckpt", 9),
+        10: ("last.ckpt", 9),  # (the older last.ckpt saves, steps 4 and 7, were replaced)
+    }
+    listed = CliRunner().invoke(app, ["ls", str(tmp_path / STORE)], env={"COLUMNS": "200"})
+    assert listed.exit_code == 0, listed.output
+    rows = [line.split() for line in listed.output.splitlines()]
+    header = next(words for words in rows if "global_step" in words)
+    assert header[:3] == ["step", "saved", "as"]
+    rows_by_step = {words[0]: words for words in rows if words[:1] in (["3"], ["10"])}
+    assert rows_by_step["10"][1] == "last.ckpt" and rows_by_step["10"][header.index("global_step") - 1] == "9"
+    assert rows_by_step["3"][1] == "epoch=0-step=3.ckpt"
+    shown = CliRunner().invoke(app, ["show", str(tmp_path / STORE), "--step", "10"], env={"COLUMNS": "200"})
+    assert "step 10 of" in shown.output and "Lightning checkpoint file last.ckpt" in shown.output
+    assert "global_step=9" in shown.output
+
+
+def test_a_store_numbered_by_the_previous_scheme_still_resumes(tmp_path: Path) -> None:
+    """Stores written before steps were global steps (numbered 0, 1, 2, ... in save order) resume,
+    and new saves go on above them."""
+    def checkpoint() -> ModelCheckpoint:
+        return ModelCheckpoint(dirpath=tmp_path, save_top_k=-1, save_last=True, every_n_train_steps=5)
+
+    _fit(tmp_path, 10, checkpoint())
+    store = tmp_path / STORE
+    with cs.CheckpointManager(store, read_only=True) as mgr:
+        saved = [(mgr.load(step), mgr.manifest(step).metrics) for step in mgr.steps()]
+    shutil.rmtree(store)
+    with cs.CheckpointManager(store, keep_last=None, async_save=False) as mgr:
+        for old_step, (state, metrics) in enumerate(saved):
+            mgr.save(old_step, state, metrics)
+    assert _stored_names(tmp_path) == ["epoch=0-step=10.ckpt", "epoch=0-step=5.ckpt", "last.ckpt"]
+    assert cs_lightning.load_checkpoint(tmp_path / "last.ckpt")["global_step"] == 10
+    module, trainer = _fit(tmp_path, 20, checkpoint(), ckpt_path="last")
+    reference, whole = _fit(tmp_path / "whole", 20, ModelCheckpoint(dirpath=tmp_path / "whole", save_top_k=0))
+    assert trainer.global_step == 20
+    assert job.state_digest(module, trainer) == job.state_digest(reference, whole)
+    with cs.CheckpointManager(store, read_only=True) as mgr:
+        assert mgr.steps() == [0, 1, 15, 20, 21]  # the old numbers, then global steps
+    for name, step in [("epoch=0-step=5.ckpt", 5), ("epoch=0-step=15.ckpt", 15), ("last.ckpt", 20)]:
+        assert cs_lightning.load_checkpoint(tmp_path / name)["global_step"] == step
+
+
+def test_the_callback_spells_out_the_managers_parameters() -> None:
+    """``CrashsafeCallback(**options)`` hid the manager's parameters from IDEs and type checkers."""
+    ours = inspect.signature(cs_lightning.CrashsafeCallback).parameters
+    manager = inspect.signature(cs.CheckpointManager).parameters
+    assert not [p for p in ours.values() if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    shared = set(manager) - {"read_only", "process_group", "coordination_timeout"}  # rank 0 saves alone
+    assert shared <= set(ours)
+    assert all(ours[name].default is manager[name].default for name in shared - {"directory"})
+
+
+def test_a_resume_is_told_through_lightnings_logger(tmp_path: Path) -> None:
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = records.append  # type: ignore[method-assign]
+    lightning_log = logging.getLogger("lightning.pytorch")
+    lightning_log.addHandler(handler)
+    try:
+        callback = cs_lightning.CrashsafeCallback(tmp_path / "managed", every_n_steps=4)
+        trainer = job.make_trainer(4, [], [callback], tmp_path)
+        trainer.fit(job.DigitsModule(data_dir=tmp_path))
+        callback = cs_lightning.CrashsafeCallback(tmp_path / "managed", every_n_steps=4)
+        trainer = job.make_trainer(8, [], [callback], tmp_path)
+        trainer.fit(job.DigitsModule(data_dir=tmp_path))
+        checkpoint = ModelCheckpoint(dirpath=tmp_path / "io", every_n_train_steps=4, save_last=True)
+        _fit(tmp_path / "io", 4, checkpoint)
+        checkpoint = ModelCheckpoint(dirpath=tmp_path / "io", every_n_train_steps=4, save_last=True)
+        _fit(tmp_path / "io", 8, checkpoint, "last")
+    finally:
+        lightning_log.removeHandler(handler)
+    said = [r.getMessage() for r in records if r.getMessage().startswith("crashsafe:")]
+    assert [text.split(" (")[0] for text in said] == [
+        "crashsafe: resumed from step 4",  # the callback: the newest intact step
+        "crashsafe: loaded step 5",  # the plugin: last.ckpt, saved right after epoch=0-step=4.ckpt
+    ]
+    assert said[0].startswith(f"crashsafe: resumed from step 4 ({tmp_path / 'managed'}, ")

@@ -3,25 +3,32 @@ stored once and restored shared, policy-driven saves."""
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+import logging
 import os
 import random
 import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from transformers import TrainerCallback
-from transformers.utils import logging
+from transformers import Trainer, TrainerCallback
+from transformers.utils import logging as hf_logging
+from typer.testing import CliRunner
 
 import crashsafe as cs
+from crashsafe.cli.app import app
 from crashsafe.integrations.transformers import CrashsafeTrainer
 from crashsafe.workloads import hf_tiny
 
 from .conftest import kill_after_commits, run_to_end
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
-logging.set_verbosity_error()
+hf_logging.set_verbosity_error()
 
 
 def _trainer(directory: Path, steps: int, every: int, **kwargs: object) -> CrashsafeTrainer:
@@ -122,3 +129,109 @@ def test_a_config_changed_in_training_is_saved_as_it_is_at_each_save(tmp_path: P
     assert saved[8]["task_specific_params"] == {"x": {"y": 1}}
     assert saved[12]["task_specific_params"] == {"x": {"y": 2}} and list(saved[12]["scale"]) == [1.0, 2.0]
     assert list(saved[16]["scale"]) == [3.0, 2.0]
+
+
+def _craft_step(directory: Path, step: int, change: Callable[[dict[str, Any]], None]) -> None:
+    """Save ``step`` as a copy of the newest step with ``change`` made to it (a store another program
+    or another transformers wrote)."""
+    with cs.CheckpointManager(directory, keep_last=None, async_save=False) as mgr:
+        state = mgr.load()
+        change(state)
+        mgr.save(step, state)
+
+
+def test_a_step_that_cannot_resume_a_trainer_is_refused_naming_what_it_lacks(tmp_path: Path) -> None:
+    """A step without ``trainer_state`` (KeyError) or whose trainer_state has a field this
+    transformers does not know (TypeError): each a crashsafe error saying what is wrong."""
+    done = _trainer(tmp_path, 4, 4)
+    done.train()
+    done.close()
+    store = tmp_path / "crashsafe"
+
+    def future(state: dict[str, Any]) -> None:
+        state["trainer_state"] = {**dataclasses.asdict(state["trainer_state"]), "from_the_future": 1}
+
+    cases = [
+        (lambda state: state.pop("trainer_state"), "lacks 'trainer_state'.*not saved by CrashsafeTrainer"),
+        (lambda state: state.pop("optimizer"), "lacks 'optimizer'"),
+        (future, r"fields this transformers \(.*\) does not know: from_the_future"),
+        (lambda state: state.update(trainer_state=[1]), "trainer_state is a list, not HF's TrainerState"),
+    ]
+    for change, problem in cases:
+        _craft_step(store, 8, change)
+        again = _trainer(tmp_path, 12, 4)
+        with pytest.raises(cs.CrashsafeError, match=problem):
+            again.train(resume_from_checkpoint=True)
+        again.close()
+        with cs.CheckpointManager(store, keep_last=None) as mgr:
+            mgr.delete([8])
+
+
+def test_steps_record_what_was_logged_at_them_and_ls_shows_one_step_column(tmp_path: Path) -> None:
+    """HF logs every 4 steps, saves every 2: a step saved where nothing was logged records no
+    metrics (it repeated the last log's), and no metric named "step" (HF's log entries carry one,
+    which `crashsafe ls` showed beside the step, disagreeing with it). The step is HF's global step."""
+    trainer = CrashsafeTrainer(
+        model=hf_tiny.tiny_gpt2(),
+        args=hf_tiny.training_args(tmp_path, 8, 2, logging_steps=4),
+        train_dataset=hf_tiny.TokenData(),
+    )
+    trainer.train()
+    trainer.close()
+    with cs.CheckpointManager(tmp_path / "crashsafe", read_only=True) as mgr:
+        assert mgr.steps() == [2, 4, 6, 8]  # keep_last is save_total_limit (None): all kept
+        metrics = {step: mgr.manifest(step).metrics for step in mgr.steps()}
+        assert all(mgr.load(step)["trainer_state"].global_step == step for step in mgr.steps())
+    assert metrics[2] == metrics[6] == {}
+    logged = {e["step"]: e for e in trainer.state.log_history if "loss" in e}
+    for step in (4, 8):
+        assert "step" not in metrics[step] and metrics[step]["loss"] == logged[step]["loss"]
+    result = CliRunner().invoke(app, ["ls", str(tmp_path / "crashsafe")], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    lines = [line.split() for line in result.output.splitlines()]
+    header = next(words for words in lines if "loss" in words)
+    assert header.count("step") == 1
+    loss = header.index("loss")
+    rows = {words[0]: words for words in lines if words[:1] in (["2"], ["4"])}
+    assert rows["2"][loss] == "-" and rows["4"][loss] == f"{logged[4]['loss']:.4g}"
+
+
+def test_the_trainer_spells_out_hfs_parameters() -> None:
+    """``CrashsafeTrainer(*args, **kwargs)`` hid HF's parameters from IDEs and type checkers."""
+    ours = inspect.signature(CrashsafeTrainer).parameters
+    hf = inspect.signature(Trainer).parameters
+    assert not [p for p in ours.values() if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    assert list(ours) == [*hf, "checkpoint_dir", "manager_options"]
+    assert all(ours[name].default == p.default and ours[name].kind == p.kind for name, p in hf.items())
+    assert ours["checkpoint_dir"].kind is inspect.Parameter.KEYWORD_ONLY
+
+
+def test_a_resume_is_told_through_hfs_trainer_logger(tmp_path: Path) -> None:
+    done = _trainer(tmp_path, 4, 4)
+    done.train()
+    done.close()
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = records.append  # type: ignore[method-assign]
+    hf_logger = logging.getLogger("transformers.trainer")
+    hf_logger.addHandler(handler)
+    level = hf_logger.level
+    hf_logger.setLevel(logging.INFO)
+    try:
+        again = _trainer(tmp_path, 4, 4)
+        again.train(resume_from_checkpoint=True)
+        again.close()
+    finally:
+        hf_logger.removeHandler(handler)
+        hf_logger.setLevel(level)
+    mine = [r.getMessage() for r in records if r.getMessage().startswith("crashsafe:")]
+    assert mine == [f"crashsafe: resumed from step 4 ({tmp_path / 'crashsafe'}, {mine[0].split(', ')[-1]}"]
+
+
+def test_a_second_trainer_on_one_directory_is_told_to_close_the_first(tmp_path: Path) -> None:
+    first = _trainer(tmp_path, 4, 4)
+    held = r"in this very process .*a CrashsafeTrainer.*trainer\.close\(\)"
+    with pytest.raises(cs.LockedError, match=held):
+        _trainer(tmp_path, 4, 4)
+    first.close()
+    _trainer(tmp_path, 4, 4).close()

@@ -94,6 +94,7 @@ def show_cmd(
                 "step": manifest.step,
                 "created": manifest.created,
                 "world": manifest.world,
+                "saved_as": manifest.saved_as,
                 "metrics": manifest.metrics,
                 "info": manifest.info,
                 "raw_bytes": manifest.raw_nbytes,
@@ -129,6 +130,7 @@ def _summary(directory: str, m: Manifest) -> None:
     ranks = f", saved by {m.world} ranks" if m.world > 1 else ""
     lines = [
         f"step {m.step} of {directory}",
+        *([f"Lightning checkpoint file {m.saved_as}"] if m.saved_as else []),
         f"saved {when} ({age(m.created)} ago){ranks}",
         f"{len(m.payloads)} tensors, {human_bytes(m.raw_nbytes)} raw, "
         f"{human_bytes(m.stored_nbytes)} stored{ratio}",

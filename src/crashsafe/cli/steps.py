@@ -80,6 +80,7 @@ def report_json(r: StepReport) -> dict[str, Any]:
         "created": r.created,
         "bases": sorted(r.bases),
         "metrics": r.metrics,
+        "saved_as": r.saved_as,
     }
 
 
@@ -99,16 +100,18 @@ def _best(reports: list[StepReport], metric: str, mode: str) -> int | None:
     return min(scored, key=lambda vs: (sign * vs[0], -vs[1]))[1]
 
 
-def _common_metrics(reports: list[StepReport], metric: str | None) -> list[str]:
-    """The metric keys every intact step records (in the first one's order), plus ``metric``."""
-    intact = [r.metrics for r in reports if r.ok]
-    keys = [k for k in intact[0] if all(k in m for m in intact)] if intact else []
+def _metric_columns(reports: list[StepReport], metric: str | None) -> list[str]:
+    """The metric keys any intact step records (in the order first seen), plus ``metric``: a step
+    that did not record one shows "-" (a Hugging Face step saved where nothing was logged)."""
+    keys = list(dict.fromkeys(k for r in reports if r.ok for k in r.metrics))
     return [*keys, metric] if metric is not None and metric not in keys else keys
 
 
 def _metric_text(value: object) -> str:
     if value is None:
         return "-"
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+        return str(int(value))  # a step or an epoch counted in a float: 2000, not 2e+03
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value)
@@ -160,10 +163,14 @@ def ls_cmd(
     if not chosen:
         console.print(Text(f"no committed checkpoints in {' or '.join(tiers.values())}"))
         return
-    metrics = _common_metrics(chosen, metric)
+    metrics = _metric_columns(chosen, metric)
+    named = any(r.saved_as is not None for r in chosen)  # Lightning's: the file each step was saved as
     columns = [Column("step", right=True)]
     columns += [Column("tier")] if mirror is not None else []
-    columns += [Column(k, right=True, drop=2 if k == metric else 5) for k in metrics]
+    columns += [Column("saved as", drop=3)] if named else []
+    columns += [  # a metric named "step" (older Hugging Face stores recorded HF's) is not the step
+        Column(f"metric {k}" if k == "step" else k, right=True, drop=2 if k == metric else 5) for k in metrics
+    ]
     columns += [
         Column("stored", right=True, drop=7),
         Column("raw", right=True, drop=9),
@@ -175,6 +182,7 @@ def ls_cmd(
     for r in chosen:
         on = by_step[r.step]
         cells: list[Cell] = [str(r.step), "+".join(on)] if mirror is not None else [str(r.step)]
+        cells += [r.saved_as or "-"] if named else []
         for k in metrics:
             text = _metric_text(r.metrics.get(k))
             cells.append(

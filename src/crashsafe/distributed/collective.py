@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from crashsafe._log import logger
 from crashsafe.distributed.group import Coordinator, distributed_group
 from crashsafe.distributed.saving import ReplicaPlanner
 from crashsafe.distributed.shards import Targets
@@ -130,6 +131,7 @@ class Collective:
                 f"skipping damaged checkpoint step {candidate} ({bad}); all ranks fall back to an older one",
                 stacklevel=4,
             )
+            logger().warning("fell back from step %d because %s", candidate, bad)
         if not candidates:
             return None
         raise CorruptCheckpointError(

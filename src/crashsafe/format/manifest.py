@@ -145,6 +145,16 @@ class Manifest:
         """How many ranks saved the step (1 for a single process)."""
         return 1 + len(self.rank_trees)
 
+    @property
+    def saved_as(self) -> str | None:
+        """The file name a Lightning checkpoint was saved as (CrashsafeCheckpointIO saves a state
+        ``{"name": ..., "lightning": ..., ...}``); None for any other state."""
+        keys = self.tree.get("keys", []) if self.tree["t"] == "dict" else []
+        if "lightning" not in keys or "name" not in keys:
+            return None
+        node = self.tree["vals"][keys.index("name")]
+        return node["v"] if node["t"] == "str" and isinstance(node["v"], str) else None
+
     def tree_of(self, rank: int) -> dict[str, Any]:
         """The state tree rank ``rank`` saved (rank 0's for a rank the step did not have)."""
         return self.rank_trees[rank - 1] if 0 < rank < self.world else self.tree

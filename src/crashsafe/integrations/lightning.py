@@ -15,12 +15,15 @@
   :class:`~crashsafe.CheckpointManager` (policies, codecs, retention, SIGTERM) and resumes from its
   newest intact step when ``fit`` starts.
 
-Both save the RNG states with Lightning's checkpoint and restore them on resume, so with a resumable
-dataloader a resumed run continues bit for bit.
+Both save the RNG states with Lightning's checkpoint and restore them on resume, so a run resumed from
+an epoch's end (or with data that follows Lightning's batch index) continues bit for bit; from
+mid-epoch Lightning itself restarts the epoch's data (docs/integrations.md, "Which Lightning resumes
+are exact"). Steps are numbered by Lightning's global step.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 import warnings
@@ -36,6 +39,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.plugins import CheckpointIO, TorchCheckpointIO
 from lightning_utilities.core.apply_func import apply_to_collection
 
+from crashsafe._log import logger, through
 from crashsafe.encoding import CodecSpec
 from crashsafe.errors import (
     CorruptCheckpointError,
@@ -44,7 +48,7 @@ from crashsafe.errors import (
     CrashsafeWarning,
     NoCheckpointError,
 )
-from crashsafe.format.manifest import Manifest
+from crashsafe.format.manifest import MAX_STEP
 from crashsafe.integrations.pointer import (
     STORE,
     is_pointer,
@@ -55,11 +59,24 @@ from crashsafe.integrations.pointer import (
     write_pointer,
 )
 from crashsafe.manager import CheckpointManager
+from crashsafe.policies.base import EverySteps, SavePolicy
+from crashsafe.policies.retention import UNSET, KeepSpec, Unset
 from crashsafe.state.rng import RNGState
 from crashsafe.state.snapshot import fast_copy
 from crashsafe.state.staging import StagingPool, detached_copy
+from crashsafe.storage.lock import held_by
 
 _BACKLOG = 8  # deferred removals and deletions done even while saves are queued
+_LOG = logging.getLogger("lightning.pytorch.utilities.rank_zero")  # where Lightning tells of its checkpoints
+_PLUGIN_HOLDS = (
+    "the CrashsafeCheckpointIO plugin of a Lightning Trainer, whose fit (or validate, test) is still "
+    "running or did not end; it releases the directory when that ends, or call "
+    "trainer.strategy.checkpoint_io.teardown() on that Trainer"
+)
+_CALLBACK_HOLDS = (
+    "the CrashsafeCallback of a Lightning Trainer whose fit is still running or did not end; it "
+    "releases the directory when that fit ends, or call callback.manager.close()"
+)
 
 __all__ = [
     "CrashsafeCallback",
@@ -72,7 +89,9 @@ __all__ = [
 
 class _Directory:
     """One Lightning checkpoint directory: its crashsafe store (``.crashsafe/``, one step per save,
-    the Lightning file name in the state) and the pointer files that name its checkpoints.
+    the Lightning file name in the state) and the pointer files that name its checkpoints. A save is
+    numbered by Lightning's global step where that is new and above every step there (a second save
+    of one global step, ``save_last``'s, takes the next free number), so steps stay in save order.
 
     Removals and the deletion of replaced steps wait for a moment when no save is queued (or for a
     backlog of ``_BACKLOG``): they are garbage, and their fsyncs would delay the next commit."""
@@ -81,6 +100,7 @@ class _Directory:
         self.path = path
         self.mgr = manager
         self.names = _names(manager)  # step -> the file name it was saved as
+        self.top = max(manager.steps(), default=-1)  # the highest step number used (named or not)
         self.held: set[int] = set()  # steps a kept step's delta still needs: deleted later
         self.removed: set[str] = set()  # names Lightning removed: pointer and steps go at collect()
         self.stale: set[int] = set()  # steps a newer save of their name replaced
@@ -89,13 +109,16 @@ class _Directory:
         """Delete steps no pointer names: removed, or saved by a run killed before the pointer."""
         self.delete([step for step, name in self.names.items() if not is_pointer(self.path / name)])
 
-    def save(self, name: str, snapshot: Mapping[str, Any], metrics: dict[str, float]) -> float:
+    def save(
+        self, name: str, snapshot: Mapping[str, Any], metrics: dict[str, float], global_step: int | None
+    ) -> float:
         """Commit ``snapshot`` as a new step, then make ``name``'s pointer durable and new (a re-save
         too: Lightning picks the "last" file by mtime); return when ``name`` loads it
         (``time.perf_counter()``). The steps it replaces are deleted at ``collect()``."""
-        step = max(self.names, default=-1) + 1
+        step = self.top + 1 if global_step is None or global_step <= self.top else global_step
         self.mgr.save(step, {"name": name, **snapshot}, metrics)
         self.names[step] = name
+        self.top = step
         self.removed.discard(name)  # removed, then saved again: it stays
         settle_pointer(self.path / name, name)
         durable = time.perf_counter()
@@ -141,7 +164,7 @@ def _names(manager: CheckpointManager) -> dict[int, str]:
     names = {}
     for step in manager.steps():
         try:
-            name = _saved_name(manager.manifest(step))
+            name = manager.manifest(step).saved_as
         except CrashsafeError:
             continue  # unreadable: never a candidate, and the next writer leaves it to `crashsafe gc`
         if name is not None:
@@ -149,12 +172,10 @@ def _names(manager: CheckpointManager) -> dict[int, str]:
     return names
 
 
-def _saved_name(manifest: Manifest) -> str | None:
-    tree = manifest.tree
-    if tree["t"] != "dict" or "name" not in tree["keys"]:
-        return None
-    node = tree["vals"][tree["keys"].index("name")]
-    return node["v"] if node["t"] == "str" else None
+def _global_step(checkpoint: Mapping[str, Any]) -> int | None:
+    """Lightning's global step in its checkpoint dict, if it is one a step can be numbered by."""
+    step = checkpoint.get("global_step")
+    return step if isinstance(step, int) and not isinstance(step, bool) and 0 <= step <= MAX_STEP else None
 
 
 def _load_named(manager: CheckpointManager, names: dict[int, str], name: str) -> dict[str, Any]:
@@ -181,6 +202,7 @@ def _load_named(manager: CheckpointManager, names: dict[int, str], name: str) ->
             except CorruptCheckpointError as exc:
                 damage.append(str(exc))
                 warnings.warn(f"skipping damaged checkpoint: {exc}", CorruptCheckpointWarning, stacklevel=4)
+                logger().warning("fell back from step %d because %s", step, exc)
     if not names:
         raise NoCheckpointError(
             f"{name!r} names a save that did not commit before its run stopped, and {manager.directory} "
@@ -256,6 +278,7 @@ class CrashsafeCheckpointIO(CheckpointIO):
         self._pending: list[Future[None]] = []
         self._submitted = self._started = 0  # work handed to the writer thread / begun there
         self._timings: deque[tuple[str, float, float, list[float]]] = deque(maxlen=1000)
+        self._ended = False  # torn down: a Trainer's run ended, so a save holds its directory no longer
 
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
@@ -281,16 +304,19 @@ class CrashsafeCheckpointIO(CheckpointIO):
         if not first and not names_itself(target):  # Lightning may link last.ckpt to it once we return
             _write(lambda: write_pointer(target, target.name, durable=False), target)
         metrics = {k: float(checkpoint.get(k, 0)) for k in ("global_step", "epoch")}
+        global_step = _global_step(checkpoint)
         timing: list[float] = []  # when the checkpoint was committed and named
 
         def save(directory: _Directory) -> None:
-            timing.append(directory.save(target.name, snapshot, metrics))
+            timing.append(directory.save(target.name, snapshot, metrics, global_step))
 
         self._using[slot] = self._submit(held, save)
         self._saves += 1
         if first:  # the writer names it after the commit
             self._settle()
         self._timings.append((target.name, begin, time.perf_counter(), timing))
+        if self._ended:  # after its run (trainer.save_checkpoint once fit ended): committed, released
+            self.teardown()
 
     @property
     def stats(self) -> list[SaveTiming]:
@@ -316,11 +342,12 @@ class CrashsafeCheckpointIO(CheckpointIO):
             return loaded
         name = pointed_name(real) if is_pointer(real) else real.name
         held = self._dirs.get(real.parent)
-        if held is not None:
-            state = _load_named(held.mgr, held.names, name)
-        else:
-            with CheckpointManager(real.parent / STORE, read_only=True) as reader:
-                state = _load_named(reader, _names(reader), name)
+        with through(_LOG):  # "loaded step N (where, seconds)" beside Lightning's "Restoring states"
+            if held is not None:
+                state = _load_named(held.mgr, held.names, name)
+            else:
+                with CheckpointManager(real.parent / STORE, read_only=True) as reader:
+                    state = _load_named(reader, _names(reader), name)
         if self.restore_rng:
             RNGState().load_state_dict(state["rng"])
         return _map(state["lightning"], map_location)
@@ -350,7 +377,10 @@ class CrashsafeCheckpointIO(CheckpointIO):
 
     def teardown(self) -> None:
         """Wait for every pending save (raising its error), do the deferred removals, close the
-        stores."""
+        stores. Lightning calls it when a run (fit, validate, test) ends; from then on a save (or a
+        removal) is committed before it returns and releases its directory again, so no lock
+        outlives the run (the next Trainer of this process may write there)."""
+        self._ended = True
         try:
             self._settle()
             for directory in self._dirs.values():
@@ -389,9 +419,10 @@ class CrashsafeCheckpointIO(CheckpointIO):
         held = self._dirs.get(path)
         if held is None:
             _write(lambda: path.mkdir(parents=True, exist_ok=True), path)
-            manager = CheckpointManager(
-                path / STORE, keep_last=None, async_save=False, codec=self._codec, lossless=self._lossless
-            )
+            with held_by(_PLUGIN_HOLDS):
+                manager = CheckpointManager(
+                    path / STORE, keep_last=None, async_save=False, codec=self._codec, lossless=self._lossless
+                )
             held = self._dirs[path] = _Directory(path, manager)
             held.drop_orphans()
         return held
@@ -481,9 +512,9 @@ class CrashsafeCallback(Callback):
 
     After every optimizer step the manager's policy decides whether to save (default: every
     ``every_n_steps``; pass ``policy=`` for ``cs.policies.Young(...)`` and the rest), with metrics from
-    ``trainer.callback_metrics``. When ``fit`` starts, the newest intact step is restored (model,
-    optimizers, schedulers, loops, callbacks, precision, RNG). Other keyword arguments go to the
-    manager (``keep_last``, ``codec``, ``save_on_sigterm``, ``mirror``, ...).
+    ``trainer.callback_metrics``; each step is numbered by Lightning's global step. When ``fit``
+    starts, the newest intact step is restored (model, optimizers, schedulers, loops, callbacks,
+    precision, RNG). The other arguments are the manager's (:class:`~crashsafe.CheckpointManager`).
     """
 
     def __init__(
@@ -492,24 +523,41 @@ class CrashsafeCallback(Callback):
         *,
         every_n_steps: int = 100,
         resume: bool = True,
-        **options: Any,
+        policy: SavePolicy | None = None,
+        keep: KeepSpec = None,
+        keep_last: int | Unset | None = UNSET,
+        keep_every: int | None = None,
+        async_save: bool = True,
+        codec: CodecSpec = None,
+        lossless: Sequence[str] = (),
+        save_on_sigterm: bool = False,
+        storage_options: Mapping[str, Any] | None = None,
+        mirror: str | os.PathLike[str] | None = None,
+        mirror_keep: KeepSpec = None,
+        mirror_keep_last: int | Unset | None = UNSET,
+        mirror_keep_every: int | None = None,
     ) -> None:
-        from crashsafe.policies.base import EverySteps
-
         self.directory = directory
         self.resume = resume
-        self._options = {"policy": EverySteps(every_n_steps), **options}
+        self._options: dict[str, Any] = dict(  # the manager's arguments
+            policy=policy if policy is not None else EverySteps(every_n_steps), keep=keep,
+            keep_last=keep_last, keep_every=keep_every, async_save=async_save, codec=codec, lossless=lossless,
+            save_on_sigterm=save_on_sigterm, storage_options=storage_options, mirror=mirror,
+            mirror_keep=mirror_keep, mirror_keep_last=mirror_keep_last, mirror_keep_every=mirror_keep_every,
+        )  # fmt: skip
         self.manager: CheckpointManager | None = None
         self._offered: int | None = None
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage == "fit" and trainer.is_global_zero and self.manager is None:
-            self.manager = CheckpointManager(self.directory, **self._options)
+            with held_by(_CALLBACK_HOLDS):
+                self.manager = CheckpointManager(self.directory, **self._options)
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not self.resume or self.manager is None or self.manager.latest_step() is None:
             return
-        state = self.manager.load()
+        with through(_LOG):  # "resumed from step N (where, seconds)", as Lightning says "Restoring states"
+            state = self.manager.load()
         # Lightning has no public way to resume from a dict: hand it to its checkpoint connector, as
         # ``fit(ckpt_path=...)`` does. The model and callbacks are restored here; Lightning restores
         # the training state (precision, loops, optimizers, schedulers) right after this hook.

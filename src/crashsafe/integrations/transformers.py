@@ -13,20 +13,39 @@ crashsafe policy (and SIGTERM) decides when to save instead of ``save_steps``.
 from __future__ import annotations
 
 import copy
+import dataclasses
+import logging
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+import torch
+import transformers
+from torch.optim.lr_scheduler import LambdaLR
+from transformers import (
+    EvalPrediction,
+    PreTrainedModel,
+    Trainer,
+    TrainerCallback,
+    TrainerControl,
+    TrainerState,
+    TrainingArguments,
+)
 
+from crashsafe._log import through
 from crashsafe.errors import CrashsafeError
 from crashsafe.manager import CheckpointManager
 from crashsafe.state.rebuild import apply_into, check_into
 from crashsafe.state.rng import RNGState
+from crashsafe.storage.lock import held_by
 
 __all__ = ["CrashsafeTrainer", "CrashsafeTrainerMixin"]
+
+_LOG = logging.getLogger("transformers.trainer")  # where HF's Trainer logs its own checkpoints
+_RESUMED = ("model", "optimizer", "scheduler", "rng", "trainer_state")  # what a resume needs of a step
+_TRAINER_HOLDS = "a CrashsafeTrainer, which holds its checkpoint_dir until its close(): call trainer.close()"
 
 
 class CrashsafeTrainerMixin:
@@ -56,7 +75,8 @@ class CrashsafeTrainerMixin:
         options = {"keep_last": hf.args.save_total_limit, **(manager_options or {})}
         output = Path(hf.args.output_dir or "trainer_output")
         directory = checkpoint_dir if checkpoint_dir is not None else output / "crashsafe"
-        self.checkpoints = CheckpointManager(directory, **options)
+        with held_by(_TRAINER_HOLDS):
+            self.checkpoints = CheckpointManager(directory, **options)
         self._resuming: dict[str, Any] | None = None
         self._saved_step: int | None = None
         self._config = _ConfigDict()
@@ -80,16 +100,20 @@ class CrashsafeTrainerMixin:
         if resume_from_checkpoint is None or resume_from_checkpoint is False:
             return self._train_and_wait(None, kwargs)
         if resume_from_checkpoint is True:
-            loaded = self.checkpoints.load() if self.checkpoints.latest_step() is not None else None
+            where = self.checkpoints.directory
+            with through(_LOG):
+                loaded = self.checkpoints.load() if self.checkpoints.latest_step() is not None else None
         else:
-            with CheckpointManager(resume_from_checkpoint, read_only=True) as reader:
+            where = os.fspath(resume_from_checkpoint)
+            with CheckpointManager(resume_from_checkpoint, read_only=True) as reader, through(_LOG):
                 loaded = reader.load()
         if loaded is None:
             return self._train_and_wait(None, kwargs)
+        trainer_state = _resumable(loaded, where)
         with tempfile.TemporaryDirectory(prefix="crashsafe-resume-") as folder:
             # HF reads the trainer state (epoch, step, callbacks' state) from trainer_state.json, a
             # JSON file; everything else comes from the loaded step through the hooks below.
-            _trainer_state(loaded["trainer_state"]).save_to_json(os.path.join(folder, "trainer_state.json"))
+            trainer_state.save_to_json(os.path.join(folder, "trainer_state.json"))
             self._resuming = loaded
             try:
                 return self._train_and_wait(folder, kwargs)
@@ -124,7 +148,7 @@ class CrashsafeTrainerMixin:
         scaler = getattr(hf.accelerator, "scaler", None)
         if scaler is not None:
             state["scaler"] = scaler
-        self.checkpoints.save(step, state, _last_logged(hf.state))
+        self.checkpoints.save(step, state, _logged_at_this_step(hf.state))
         self._saved_step = step
 
     def _run_epoch(self, *args: Any, **kwargs: Any) -> Any:
@@ -171,7 +195,45 @@ class CrashsafeTrainerMixin:
 
 
 class CrashsafeTrainer(CrashsafeTrainerMixin, Trainer):
-    """``transformers.Trainer`` with crashsafe checkpoints (see :class:`CrashsafeTrainerMixin`)."""
+    """``transformers.Trainer`` with crashsafe checkpoints: HF's parameters, then ``checkpoint_dir``
+    and ``manager_options`` (see :class:`CrashsafeTrainerMixin`)."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel | torch.nn.Module | None = None,
+        args: TrainingArguments | None = None,
+        data_collator: Callable[[list[Any]], dict[str, Any]] | None = None,
+        train_dataset: Any = None,
+        eval_dataset: Any = None,
+        processing_class: Any = None,
+        model_init: Callable[..., PreTrainedModel] | None = None,
+        compute_loss_func: Callable[..., Any] | None = None,
+        compute_metrics: Callable[[EvalPrediction], dict[str, Any]] | None = None,
+        callbacks: list[TrainerCallback] | None = None,
+        optimizers: tuple[torch.optim.Optimizer | None, LambdaLR | None] = (None, None),
+        optimizer_cls_and_kwargs: tuple[type[torch.optim.Optimizer], dict[str, Any]] | None = None,
+        preprocess_logits_for_metrics: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+        *,
+        checkpoint_dir: str | os.PathLike[str] | None = None,
+        manager_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(
+            model=model,
+            args=args,
+            data_collator=data_collator,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            processing_class=processing_class,
+            model_init=model_init,
+            compute_loss_func=compute_loss_func,
+            compute_metrics=compute_metrics,
+            callbacks=callbacks,
+            optimizers=optimizers,
+            optimizer_cls_and_kwargs=optimizer_cls_and_kwargs,
+            preprocess_logits_for_metrics=preprocess_logits_for_metrics,
+            checkpoint_dir=checkpoint_dir,
+            manager_options=manager_options,
+        )
 
 
 class _ConfigDict:
@@ -201,15 +263,59 @@ def _restore(loaded: dict[str, Any], live: dict[str, Any]) -> None:
     apply_into(live, saved)
 
 
-def _trainer_state(saved: Any) -> TrainerState:
-    """The saved trainer state (a dict of its fields if TrainerState was not imported when loading)."""
-    return saved if isinstance(saved, TrainerState) else TrainerState(**saved)
+def _resumable(loaded: dict[str, Any], where: str) -> TrainerState:
+    """The trainer state of a step loaded to resume from, once the step holds all a resume needs; a
+    step that does not (saved by something else, or by another transformers) is a CrashsafeError."""
+    step = f"the newest intact step of {where}"
+    missing = [key for key in _RESUMED if key not in loaded]
+    if missing:
+        raise CrashsafeError(
+            f"{step} lacks {', '.join(map(repr, missing))}, which CrashsafeTrainer saves with every step: "
+            "it was not saved by CrashsafeTrainer. Resume from a directory CrashsafeTrainer wrote, or train "
+            "without resume_from_checkpoint and restore what it holds with CheckpointManager.restore"
+        )
+    saved = loaded["trainer_state"]
+    if isinstance(saved, TrainerState):
+        return saved
+    if not isinstance(saved, dict):
+        raise CrashsafeError(f"{step}: its trainer_state is a {type(saved).__name__}, not HF's TrainerState")
+    unknown = sorted(map(str, saved.keys() - {f.name for f in dataclasses.fields(TrainerState)}))
+    if unknown:
+        raise CrashsafeError(
+            f"{step}: its trainer_state has fields this transformers ({transformers.__version__}) does not "
+            f"know: {', '.join(unknown)}; it was saved by another version. Resume with the transformers "
+            "that saved it"
+        )
+    try:
+        return TrainerState(**saved)
+    except (TypeError, ValueError) as exc:
+        raise CrashsafeError(f"{step}: its trainer_state does not make a TrainerState: {exc}") from None
+
+
+def _numbers(entry: Mapping[str, Any]) -> dict[str, float]:
+    """The numbers of a log entry (loss, learning rate, eval_loss, ...), without its "step": the
+    crashsafe step of a save is HF's global step itself."""
+    return {
+        k: float(v)
+        for k, v in entry.items()
+        if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
 
 
 def _last_logged(state: TrainerState) -> dict[str, float]:
-    """The numbers of the last log entry (loss, learning rate, ...): the step's metrics."""
-    last = state.log_history[-1] if state.log_history else {}
-    return {k: float(v) for k, v in last.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    """The numbers of the last log entry, whatever its step (what a policy decides on)."""
+    return _numbers(state.log_history[-1]) if state.log_history else {}
+
+
+def _logged_at_this_step(state: TrainerState) -> dict[str, float]:
+    """What HF logged at the current global step (training and evaluation entries, the later one
+    winning a key): the step's metrics; none on a step that logged nothing."""
+    metrics: dict[str, float] = {}
+    for entry in reversed(state.log_history):
+        if entry.get("step") != state.global_step:
+            break
+        metrics = {**_numbers(entry), **metrics}
+    return metrics
 
 
 def _record_callback_state(state: TrainerState, callback: Any) -> None:
