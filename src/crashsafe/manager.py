@@ -89,7 +89,7 @@ class CheckpointManager:
             writes its part and rank 0 commits the step for all (docs/distributed.md).
         coordination_timeout: seconds a rank waits for the others at each exchange before it
             raises CoordinationError (a rank died or hangs), never hanging.
-        pinned_bytes: cap on the pinned host memory staging CUDA tensors (docs/state.md#cuda-tensors).
+        pinned_bytes: cap on the pinned host memory staging CUDA tensors (docs/gpu.md).
     """
 
     def __init__(
