@@ -196,26 +196,28 @@ def newest(
         candidates = sorted(((step, -i) for i, steps in enumerate(listed) for step in steps), reverse=True)
         if not candidates:
             return None
-        vanished = False
+        gone: set[tuple[int, int]] = set()  # deleted while read: no more a fallback than a damaged step
         for n, (step, tier) in enumerate(candidates):
             if (step, tier) in damage:
                 continue
             try:
-                last = all(other in damage for other in candidates[n + 1 :])
+                last = all(other in damage or other in gone for other in candidates[n + 1 :])
                 return step, read(stores[-tier], step, last)
             except (CorruptCheckpointError, StorageError) as exc:
                 damage[step, tier] = str(exc)
                 message = f"skipping damaged checkpoint: {exc}. Falling back to an older step."
                 skip_damaged(message, stacklevel + 1)
             except NoCheckpointError:
-                vanished = True  # deleted by the writer's retention while we read it
-        if not vanished:
+                gone.add((step, tier))  # deleted by the writer's retention while we read it
+        if not gone:
             break
     where = " and ".join(store.location for store in stores)
-    if not damage:
+    if gone:
+        damaged = "; ".join(damage[k] for k in sorted(damage, reverse=True))
         raise NoCheckpointError(
-            f"every step of {where} was deleted while it was read, {READ_ATTEMPTS} times over; another "
-            "process is deleting steps. Try again"
+            f"every step of {where} was deleted while it was read, {READ_ATTEMPTS} times over"
+            + (f" (the others are damaged: {damaged})" if damage else "")
+            + "; another process is deleting steps faster than this one reads them. Try again"
         )
     raise CorruptCheckpointError(
         f"every checkpoint in {where} is damaged: "

@@ -202,6 +202,9 @@ class _LocalFile(StoredFile):
                 f"{self._what}: reading failed ({exc.strerror or exc}); the disk may be damaged"
             ) from None
 
+    def fileno(self) -> int | None:
+        return self._fd if self._fd >= 0 else None
+
     def close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)
