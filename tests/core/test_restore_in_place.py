@@ -248,11 +248,8 @@ MIXED: dict[str, Any] = {"w*": Incremental(full_every=3), "*": "raw"}  # b is re
 
 
 def _live() -> dict[str, Any]:
-    """Live tensors for delta_writer.py's steps, none of them holding a step's values (-1)."""
-    return {
-        **{f"w{i}": torch.full((1024,), -1.0, dtype=torch.float64) for i in range(16)},
-        "b": np.full(64, -1),
-    }
+    """Live arrays for delta_writer.py's steps (restored in place), none holding a step's values."""
+    return {**{f"w{i}": np.full(1024, -1.0) for i in range(16)}, "b": np.full(64, -1)}
 
 
 def _one_step(live: dict[str, Any]) -> float | None:
