@@ -16,7 +16,14 @@ MAX_LINES = 600
 
 # Lowest first. A module belongs to the first entry that is it or one of its packages.
 LAYERS: list[tuple[str, ...]] = [
-    ("crashsafe._closing", "crashsafe._faults", "crashsafe._memory", "crashsafe._torch", "crashsafe.errors"),
+    (
+        "crashsafe._closing",
+        "crashsafe._faults",
+        "crashsafe._memory",
+        "crashsafe._runtime",
+        "crashsafe._torch",
+        "crashsafe.errors",
+    ),
     ("crashsafe._units", "crashsafe._metrics", "crashsafe.preemption"),
     ("crashsafe.codecs", "crashsafe.policies"),
     ("crashsafe.format",),

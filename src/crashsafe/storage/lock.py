@@ -48,6 +48,7 @@ class WriterLock(Lock):
             ) from None
         os.ftruncate(self._fd, 0)
         os.pwrite(self._fd, f"{os.getpid()}\n".encode(), 0)
+        self._pid = os.getpid()  # a forked child shares the lock: only this process lets it go
 
     def _read_holder(self) -> str:
         assert self._fd is not None
@@ -58,6 +59,7 @@ class WriterLock(Lock):
 
     def release(self) -> None:
         if self._fd is not None:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            if os.getpid() == self._pid:  # in a forked child, unlocking would free its parent's lock
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
