@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from crashsafe.chain import ChainReader
 from crashsafe.distributed.shards import Targets, read_sharded
+from crashsafe.distributed.trees import plain_tree
 from crashsafe.errors import (
     CorruptCheckpointError,
     CorruptCheckpointWarning,
@@ -52,16 +53,17 @@ ARRAY_NODES = ("array", "view")  # tree nodes that point at a payload by its ind
 
 
 def read_state(
-    store: Store, step: int, numpy: bool, rank: int = 0, targets: Targets | None = None
+    store: Store, step: int, numpy: bool, rank: int | None = None, targets: Targets | None = None
 ) -> dict[str, Any]:
-    """The state ``rank`` saved as ``step`` (rank 0's for a rank the step did not have): tensors (or
+    """The state ``rank`` saved as ``step`` (rank 0's for a rank the step did not have, or for a
+    plain process, ``None``: warned about when the ranks saved different states): tensors (or
     numpy arrays), arrays and python values, verified; only the payloads its tree uses are read.
     A DTensor's shards are assembled whole, or cut to ``targets[path]`` (the box of the live DTensor
     it is restored into, any N ranks onto any M)."""
     try:
         with ChainReader(store) as chains:
             manifest = chains.manifest(step)
-            tree = manifest.tree_of(rank)
+            tree = plain_tree(manifest) if rank is None else manifest.tree_of(rank)
             values: list[Any] = [None] * len(manifest.payloads)  # a tree asks only for the arrays it uses
             for i in sorted(array_ids(tree)):
                 entry = manifest.payloads[i]

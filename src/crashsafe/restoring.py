@@ -39,6 +39,7 @@ from typing import Any
 from crashsafe.chain import ChainReader
 from crashsafe.distributed.collective import Collective
 from crashsafe.distributed.shards import Targets, box_jobs, fill_from, live_targets, read_range
+from crashsafe.distributed.trees import plain_tree
 from crashsafe.errors import CrashsafeError, NoCheckpointError, UnsupportedStateError
 from crashsafe.format.manifest import PayloadEntry
 from crashsafe.loading import array_ids, from_copies, newest, read_value, reading_error, state_of
@@ -77,7 +78,7 @@ def restore_into(
     box, and fall back together: the live objects take their values once every rank read intact."""
     changes = _Changes()
     targets = None if collective is None else live_targets(state, flatten(state)[1])
-    rank = 0 if collective is None else collective.rank
+    rank = None if collective is None else collective.rank  # None: one process, rank 0's tree
 
     def attempt(store: Store, candidate: int, last: bool) -> dict[str, Any]:
         verify_first = last and not changes.made
@@ -128,7 +129,7 @@ def restore_step(
     state: MutableMapping[str, Any],
     verify_first: bool,
     changes: _Changes,
-    rank: int = 0,
+    rank: int | None = None,
     targets: Targets | None = None,
     agree: Callable[[str | None], None] | None = None,
 ) -> dict[str, Any]:
@@ -163,13 +164,13 @@ def _prepare(
     step: int,
     state: MutableMapping[str, Any],
     verify_first: bool,
-    rank: int,
+    rank: int | None,
     targets: Targets | None,
 ) -> tuple[dict[str, Any], list[tuple[PayloadEntry, Destination]], bool]:
     """Phase 1: the saved state (checked against the live one), the payloads to read into live
     memory, and whether the step is in the page cache; with ``verify_first`` those are verified."""
     manifest = chains.manifest(step)
-    tree = manifest.tree_of(rank)
+    tree = plain_tree(manifest) if rank is None else manifest.tree_of(rank)
     into = live_destinations(state, tree, manifest.payloads)
     values: list[Any] = [None] * len(manifest.payloads)
     for i in sorted(array_ids(tree)):
