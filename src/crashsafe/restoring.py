@@ -62,7 +62,7 @@ class _Changes:
 
     def __init__(self) -> None:
         self.made = False
-        self.by = ""  # "step 7, which was damaged" (or "deleted while it was read")
+        self.by = ""  # "step 7, which turned out damaged" (or "was deleted while it was read")
 
 
 def restore_into(
@@ -95,9 +95,9 @@ def restore_into(
     except CrashsafeError as exc:
         if changes.made and isinstance(exc, UnsupportedStateError):
             exc.args = (
-                f"{exc} The live state was partly overwritten by {changes.by} before that was found, "
-                "and the intact step restore fell back to does not fit it: rebuild the live objects "
-                "(model, optimizer) as that step was saved, then restore again.",
+                f"{exc} The live state was partly overwritten by {changes.by}, and the intact step "
+                "restore fell back to does not fit it: rebuild the live objects (model, optimizer) as "
+                "that step was saved, then restore again.",
             )
         elif changes.made:
             exc.args = (f"{exc} {_half_written(changes)}",)
@@ -114,11 +114,11 @@ def restore_into(
 
 def _half_written(changes: _Changes) -> str:
     """What the error of a restore that changed the live state and then failed adds to it."""
-    told = f"The live state was partly overwritten by {changes.by} before that was found, and no step"
+    told = f"The live state was partly overwritten by {changes.by}, and no"
     if changes.by.endswith("deleted while it was read"):
-        return f"{told} was left to restore completely: restore again, or rebuild the live objects."
+        return f"{told} step was left to restore completely: restore again, or rebuild the live objects."
     return (
-        f"{told} intact was left to restore completely: rebuild the live objects (model, optimizer) "
+        f"{told} intact step was left to restore completely: rebuild the live objects (model, optimizer) "
         "before you train from scratch."
     )
 
@@ -147,12 +147,12 @@ def restore_step(
                 raise
             if agree is not None:
                 agree(None)
-            changes.made = changes.made or bool(jobs)
+            if jobs:  # (a fallback after this from here on: damage, here or on another rank)
+                changes.made, changes.by = True, f"step {step}, which turned out damaged"
             try:
                 _each(jobs, lambda entry, d: _decode_into(chains, step, entry, d), cached)
-            except (CrashsafeError, OSError) as exc:
-                gone = isinstance(exc, NoCheckpointError)
-                changes.by = f"step {step}, which was {'deleted while it was read' if gone else 'damaged'}"
+            except NoCheckpointError:
+                changes.by = f"step {step}, which was deleted while it was read"
                 raise
     except OSError as exc:
         raise reading_error(exc, store, step) from None
