@@ -9,7 +9,10 @@ decoded array (plus, for consecutive steps, one reconstruction per delta-coded p
 whole step. :func:`protected_steps` tells retention which steps kept steps still need.
 
 Steps may be deleted by retention while they are read: an error about a step that is no longer
-committed is reported as :class:`NoCheckpointError` (it vanished), never as damage.
+committed is reported as :class:`NoCheckpointError` (it vanished), never as damage. A step reader
+opens every data file of its step at once, and :meth:`ChainReader.open_chains` every step a
+payload's chain runs through, before any byte is decoded: a local step's open files stay readable
+after a writer deletes it, so a local read that got that far never finds its steps gone.
 """
 
 from __future__ import annotations
@@ -118,6 +121,7 @@ class ChainReader(Closing):
     def __init__(self, store: Store, *, keep_references: bool = False) -> None:
         self.store = store
         self._readers: OrderedDict[int, StepReader] = OrderedDict()
+        self._held: set[int] = set()  # steps whose readers stay open (open_chains)
         self._references: dict[_Part, tuple[int, Reference]] | None = {} if keep_references else None
 
     def manifest(self, step: int) -> Manifest:
@@ -152,6 +156,20 @@ class ChainReader(Closing):
             if out is not None:
                 return self._into(step, entry, out)
             return self._payload(step, entry, verify_only)
+        except (CorruptCheckpointError, NoCheckpointError):
+            target.raise_if_vanished()
+            raise
+
+    def open_chains(self, step: int, entries: Iterable[PayloadEntry]) -> None:
+        """Open (and validate) now every step the chains of ``entries``, payloads of ``step``, run
+        through, and keep them open while this reader lives: decoding them later opens nothing, so
+        a writer that deletes those steps meanwhile cannot take a local step away mid-read."""
+        target = self._reader(step)
+        self._held.add(step)
+        try:
+            for entry in entries:
+                if entry.base is not None:
+                    self._held.update(at for at, _ in self._chain(step, entry))
         except (CorruptCheckpointError, NoCheckpointError):
             target.raise_if_vanished()
             raise
@@ -325,14 +343,17 @@ class ChainReader(Closing):
             self._readers.move_to_end(step)
             return reader
         reader = self._readers[step] = StepReader(self.store, step)
-        if len(self._readers) > _OPEN_READERS:
-            self._readers.popitem(last=False)[1].close()
+        if len(self._readers) > _OPEN_READERS:  # the least recently used one that is not held
+            idle = next((at for at in self._readers if at not in self._held and at != step), None)
+            if idle is not None:
+                self._readers.pop(idle).close()
         return reader
 
     def close(self) -> None:
         for reader in self._readers.values():
             reader.close()
         self._readers.clear()
+        self._held.clear()
 
 
 def _same_part(a: PayloadEntry, b: PayloadEntry) -> bool:

@@ -18,6 +18,7 @@ from crashsafe._cuda import DeviceUpload, is_cuda
 from crashsafe._log import logger
 from crashsafe.chain import ChainReader
 from crashsafe.distributed.shards import Targets, read_sharded
+from crashsafe.distributed.trees import plain_tree
 from crashsafe.errors import (
     CorruptCheckpointError,
     CorruptCheckpointWarning,
@@ -59,11 +60,12 @@ def read_state(
     store: Store,
     step: int,
     numpy: bool,
-    rank: int = 0,
+    rank: int | None = None,
     targets: Targets | None = None,
     device: Any = None,
 ) -> dict[str, Any]:
-    """The state ``rank`` saved as ``step`` (rank 0's for a rank the step did not have): tensors (or
+    """The state ``rank`` saved as ``step`` (rank 0's for a rank the step did not have, or for a
+    plain process, ``None``: warned about when the ranks saved different states): tensors (or
     numpy arrays), arrays and python values, verified; only the payloads its tree uses are read.
     A DTensor's shards are assembled whole, or cut to ``targets[path]`` (the box of the live DTensor
     it is restored into, any N ranks onto any M). With ``device`` tensors are made there (a CUDA
@@ -71,7 +73,7 @@ def read_state(
     try:
         with ChainReader(store) as chains:
             manifest = chains.manifest(step)
-            tree = manifest.tree_of(rank)
+            tree = plain_tree(manifest) if rank is None else manifest.tree_of(rank)
             values: list[Any] = [None] * len(manifest.payloads)  # a tree asks only for the arrays it uses
             for i in sorted(array_ids(tree)):
                 entry = manifest.payloads[i]
@@ -237,12 +239,12 @@ def newest(
         candidates = sorted(((step, -i) for i, steps in enumerate(listed) for step in steps), reverse=True)
         if not candidates:
             return None
-        vanished = False
+        gone: set[tuple[int, int]] = set()  # deleted while read: no more a fallback than a damaged step
         for n, (step, tier) in enumerate(candidates):
             if (step, tier) in damage:
                 continue
             try:
-                last = all(other in damage for other in candidates[n + 1 :])
+                last = all(other in damage or other in gone for other in candidates[n + 1 :])
                 return step, read(stores[-tier], step, last)
             except (CorruptCheckpointError, StorageError) as exc:
                 damage[step, tier] = str(exc)
@@ -250,14 +252,16 @@ def newest(
                 skip_damaged(message, stacklevel + 1)
                 logger().warning("fell back from step %d because %s", step, exc)
             except NoCheckpointError:
-                vanished = True  # deleted by the writer's retention while we read it
-        if not vanished:
+                gone.add((step, tier))  # deleted by the writer's retention while we read it
+        if not gone:
             break
     where = " and ".join(store.location for store in stores)
-    if not damage:
+    if gone:
+        damaged = "; ".join(damage[k] for k in sorted(damage, reverse=True))
         raise NoCheckpointError(
-            f"every step of {where} was deleted while it was read, {READ_ATTEMPTS} times over; another "
-            "process is deleting steps. Try again"
+            f"every step of {where} was deleted while it was read, {READ_ATTEMPTS} times over"
+            + (f" (the others are damaged: {damaged})" if damage else "")
+            + "; another process is deleting steps faster than this one reads them. Try again"
         )
     raise CorruptCheckpointError(
         f"every checkpoint in {where} is damaged: "

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 from crashsafe._log import logger
 from crashsafe._metrics import clean_metrics
+from crashsafe._runtime import forked, refuse_forked
 from crashsafe.chain import direct_bases, doomed_steps, protected_steps
 from crashsafe.distributed.collective import collective_for
 from crashsafe.distributed.group import DEFAULT_TIMEOUT
@@ -139,6 +140,7 @@ class CheckpointManager:
         self._last_save: tuple[int, float] | None = None
         self._sigterm = SigtermWatch(False)
         self._closed = False
+        self._pid = os.getpid()  # a forked child may read with this manager: never write, wait or release
         self._collective = collective_for(process_group, coordination_timeout, self.mirror)
         if read_only:
             if self.mirror is None:
@@ -401,7 +403,7 @@ class CheckpointManager:
 
     def _wait_pending(self) -> None:
         pending, step = self._pending, self._pending_step
-        if pending is None:
+        if pending is None or forked(self._pid):  # in a forked child: the parent's save, no thread of ours
             return
         self._pending = self._pending_step = None
         try:
@@ -416,6 +418,7 @@ class CheckpointManager:
     def _writable(self) -> Store:
         if self._closed:
             raise CrashsafeError("this CheckpointManager is closed; create a new one")
+        refuse_forked(self._pid, "this CheckpointManager")
         if self.read_only or self._store is None:
             raise CrashsafeError(
                 f"{self.directory} was opened read_only; open it without read_only=True to save"
@@ -559,7 +562,7 @@ class CheckpointManager:
 
     def close(self) -> None:
         """Wait for the pending save, stop the background thread and release the lock."""
-        if self._closed:
+        if self._closed or forked(self._pid):  # in a forked child: its save, lock and lease are the parent's
             return
         try:
             if not self.read_only:

@@ -21,6 +21,7 @@ import xxhash
 from crashsafe.chain import ChainReader
 from crashsafe.codecs.raw import Raw
 from crashsafe.codecs.registry import get_codec
+from crashsafe.distributed.trees import plain_tree
 from crashsafe.errors import CodecError, CorruptCheckpointError, CrashsafeError
 from crashsafe.format.dtypes import storage_dtype
 from crashsafe.format.manifest import Manifest, PayloadEntry
@@ -53,7 +54,7 @@ def map_state(store: Store, step: int) -> dict[str, Any]:
     try:
         with ChainReader(store) as chains:
             manifest = chains.manifest(step)  # validated; the data files have the sizes it says
-            tree = manifest.tree_of(0)
+            tree = plain_tree(manifest)
             maps: dict[str, mmap.mmap] = {}
             values: list[Any] = [None] * len(manifest.payloads)
             for i in sorted(array_ids(tree)):

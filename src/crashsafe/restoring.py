@@ -17,10 +17,18 @@ Safety: a payload found damaged in phase 2 has already changed live memory. Rest
 back to the next older step and restores it completely, so every tensor is written again and the
 live state ends wholly in the older step, never half old and half damaged. A step with no step left
 behind it to fall back to (the oldest one, or the step that ``step=`` names) is verified completely
-before its first byte goes into live memory, so its damage leaves the live state unchanged. Two
-cases remain, and the error says the live state was changed: the newest step is damaged after it
-changed the live state, and every older one is damaged too, or the intact one restore falls back to
-does not fit the live state (a key that step lacks).
+before its first byte goes into live memory, so its damage leaves the live state unchanged.
+
+A step that a writer deletes while it is read counts like damage here. Phase 1 opens every step
+the payloads' delta chains run through, and a local step's open files stay readable after it is
+deleted, so a local step found in phase 1 is read to its end; one deleted before that vanishes
+before anything live is changed, and restore tries the newest step listed afresh. (An object
+store's objects go with the step: a step deleted in phase 2 there is fallen back from like damage.)
+
+Two cases remain, and the error says the live state was changed and by which step: the newest step
+is damaged (or deleted, on an object store) after it changed the live state, and every step
+tried after it is damaged or deleted too, or the intact one restore falls back to does not fit the
+live state (a key that step lacks).
 """
 
 from __future__ import annotations
@@ -35,7 +43,8 @@ from crashsafe._cuda import DeviceUpload, synchronize
 from crashsafe.chain import ChainReader
 from crashsafe.distributed.collective import Collective
 from crashsafe.distributed.shards import Targets, box_jobs, fill_from, live_targets, read_range
-from crashsafe.errors import CrashsafeError, UnsupportedStateError
+from crashsafe.distributed.trees import plain_tree
+from crashsafe.errors import CrashsafeError, NoCheckpointError, UnsupportedStateError
 from crashsafe.format.manifest import PayloadEntry
 from crashsafe.loading import array_ids, from_copies, newest, read_value, reading_error, state_of
 from crashsafe.state.inplace import Destination, live_destinations
@@ -55,10 +64,11 @@ _Work = Callable[[PayloadEntry, Destination], object]  # one payload: read into 
 
 
 class _Changes:
-    """Whether an attempt already wrote into the live state."""
+    """Whether an attempt already wrote into the live state, and which one left it half written."""
 
     def __init__(self) -> None:
         self.made = False
+        self.by = ""  # "step 7, which turned out damaged" (or "was deleted while it was read")
 
 
 def restore_into(
@@ -74,7 +84,7 @@ def restore_into(
     box, and fall back together: the live objects take their values once every rank read intact."""
     changes = _Changes()
     targets = None if collective is None else live_targets(state, flatten(state)[1])
-    rank = 0 if collective is None else collective.rank
+    rank = None if collective is None else collective.rank  # None: one process, rank 0's tree
 
     def attempt(store: Store, candidate: int, last: bool) -> dict[str, Any]:
         verify_first = last and not changes.made
@@ -91,21 +101,32 @@ def restore_into(
     except CrashsafeError as exc:
         if changes.made and isinstance(exc, UnsupportedStateError):
             exc.args = (
-                f"{exc} The live state was partly overwritten by a damaged newer step before its damage "
-                "was found, and the intact step restore fell back to does not fit it: rebuild the live "
-                "objects (model, optimizer) as that step was saved, then restore again.",
+                f"{exc} The live state was partly overwritten by {changes.by}, and the intact step "
+                "restore fell back to does not fit it: rebuild the live objects (model, optimizer) as "
+                "that step was saved, then restore again.",
             )
         elif changes.made:
-            exc.args = (
-                f"{exc} The live state was partly overwritten by a damaged step before its damage was "
-                "found, and no intact step was left to restore completely: rebuild the live objects "
-                "(model, optimizer) before you train from scratch.",
-            )
+            exc.args = (f"{exc} {_half_written(changes)}",)
         raise
     if found is None:
+        if changes.made:  # every step went while it was read, one after writing: not "no step"
+            raise NoCheckpointError(
+                f"every step of {stores[0].location} was deleted while it was read. {_half_written(changes)}"
+            )
         return None
     apply_into(state, found[1])
     return found[0]
+
+
+def _half_written(changes: _Changes) -> str:
+    """What the error of a restore that changed the live state and then failed adds to it."""
+    told = f"The live state was partly overwritten by {changes.by}, and no"
+    if changes.by.endswith("deleted while it was read"):
+        return f"{told} step was left to restore completely: restore again, or rebuild the live objects."
+    return (
+        f"{told} intact step was left to restore completely: rebuild the live objects (model, optimizer) "
+        "before you train from scratch."
+    )
 
 
 def restore_step(
@@ -114,7 +135,7 @@ def restore_step(
     state: MutableMapping[str, Any],
     verify_first: bool,
     changes: _Changes,
-    rank: int = 0,
+    rank: int | None = None,
     targets: Targets | None = None,
     agree: Callable[[str | None], None] | None = None,
 ) -> dict[str, Any]:
@@ -132,9 +153,14 @@ def restore_step(
                 raise
             if agree is not None:
                 agree(None)
-            changes.made = changes.made or bool(jobs)
+            if jobs:  # (a fallback after this from here on: damage, here or on another rank)
+                changes.made, changes.by = True, f"step {step}, which turned out damaged"
             synchronize([d.device for _, d in jobs if d.device is not None])  # no kernel still uses them
-            _each(jobs, lambda entry, d: _decode_into(chains, step, entry, d), cached)
+            try:
+                _each(jobs, lambda entry, d: _decode_into(chains, step, entry, d), cached)
+            except NoCheckpointError:
+                changes.by = f"step {step}, which was deleted while it was read"
+                raise
     except OSError as exc:
         raise reading_error(exc, store, step) from None
     return saved
@@ -145,13 +171,13 @@ def _prepare(
     step: int,
     state: MutableMapping[str, Any],
     verify_first: bool,
-    rank: int,
+    rank: int | None,
     targets: Targets | None,
 ) -> tuple[dict[str, Any], list[tuple[PayloadEntry, Destination]], bool]:
     """Phase 1: the saved state (checked against the live one), the payloads to read into live
     memory, and whether the step is in the page cache; with ``verify_first`` those are verified."""
     manifest = chains.manifest(step)
-    tree = manifest.tree_of(rank)
+    tree = plain_tree(manifest) if rank is None else manifest.tree_of(rank)
     into = live_destinations(state, tree, manifest.payloads)
     values: list[Any] = [None] * len(manifest.payloads)
     for i in sorted(array_ids(tree)):
@@ -164,6 +190,7 @@ def _prepare(
     for i, d in into.items():  # a shard: each saved shard of its array that meets the box
         entry = manifest.payloads[i]
         jobs += [(entry, d)] if d.box is None else box_jobs(manifest, entry, d)
+    chains.open_chains(step, [entry for entry, _ in jobs])  # nothing can vanish from here on (local)
     # probed where the largest read starts (a rank may read only a part of a shard)
     largest = max((job for job in jobs if _is_raw(job[0])), key=_length, default=None)
     cached = largest is not None and chains.cached(step, largest[0], *_span(largest))

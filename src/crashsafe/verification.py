@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from crashsafe.chain import ChainReader, direct_bases
+from crashsafe.distributed.shards import check_shards
 from crashsafe.errors import CorruptCheckpointError, NoCheckpointError
 from crashsafe.storage.stores import open_store
 
@@ -91,6 +92,7 @@ def _verify_step(chains: ChainReader, step: int) -> StepReport | None:
         for _ in chains.payloads(step, verify_only=True):
             pass
         m = chains.manifest(step)
+        check_shards(m)  # as every load of a sharded array does
         bases = direct_bases(m)
         sizes = (m.raw_nbytes, m.stored_nbytes, m.created)
         return StepReport(step, True, None, *sizes, bases, m.metrics, m.saved_as)

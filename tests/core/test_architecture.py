@@ -22,6 +22,7 @@ LAYERS: list[tuple[str, ...]] = [
         "crashsafe._faults",
         "crashsafe._log",
         "crashsafe._memory",
+        "crashsafe._runtime",
         "crashsafe._torch",
         "crashsafe.errors",
     ),

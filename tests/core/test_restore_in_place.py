@@ -10,6 +10,9 @@ would fail them.
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -237,3 +240,107 @@ def test_load_mmap_of_an_object_store_says_what_to_do(tmp_path: Path) -> None:
         with pytest.raises(cs.CrashsafeError, match="local checkpoint directory.*without mmap=True"):
             mgr.load(mmap=True)
         assert np.array_equal(mgr.load()["w"], np.ones(3))
+
+
+# ----------------------------------------------------------------------------- steps deleted mid-read
+
+MIXED: dict[str, Any] = {"w*": Incremental(full_every=3), "*": "raw"}  # b is read before the deltas
+
+
+def _live() -> dict[str, Any]:
+    """Live arrays for delta_writer.py's steps (restored in place), none holding a step's values."""
+    return {**{f"w{i}": np.full(1024, -1.0) for i in range(16)}, "b": np.full(64, -1)}
+
+
+def _one_step(live: dict[str, Any]) -> float | None:
+    """The step every live array holds (-1: untouched), or None when they hold a mix of steps."""
+    held = {float(live["b"][0]), *(float(live[f"w{i}"][0]) for i in range(16))}
+    whole = (
+        all(len(set(live[f"w{i}"].tolist())) == 1 for i in range(16)) and len(set(live["b"].tolist())) == 1
+    )
+    return held.pop() if len(held) == 1 and whole else None
+
+
+@pytest.mark.parametrize("when", ["opening a delta base", "the first write into the live state"])
+def test_steps_deleted_mid_restore_leave_the_live_state_whole_or_untouched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, when: str
+) -> None:
+    """The writer deletes every step while the newest is restored, where its raw payload is
+    already in live memory in the old code: restore wrote part of step 3 and returned None. Deleted
+    before restore opened the delta bases, nothing is written; after, step 3 is read whole from
+    its open files."""
+    import crashsafe.chain
+
+    writer = cs.CheckpointManager(tmp_path, keep_last=None, async_save=False, codec=MIXED)
+    for step in (1, 2, 3):
+        writer.save(
+            step, {**{f"w{i}": np.full(1024, float(step)) for i in range(16)}, "b": np.full(64, step)}
+        )
+    doomed = [3, 2, 1]
+
+    def delete() -> None:
+        if doomed:
+            writer.delete(doomed)
+            doomed.clear()
+
+    class Deleting(crashsafe.chain.StepReader):
+        def __init__(self, store: Any, step: int) -> None:
+            if step == 2 and when == "opening a delta base":
+                delete()
+            super().__init__(store, step)
+
+    decode = ChainReader.decode
+
+    def deleting(self: ChainReader, step: int, entry: Any, **kwargs: Any) -> Any:
+        if kwargs.get("out") is not None and when == "the first write into the live state":
+            delete()
+        return decode(self, step, entry, **kwargs)
+
+    monkeypatch.setattr(crashsafe.chain, "StepReader", Deleting)
+    monkeypatch.setattr(ChainReader, "decode", deleting)
+    live = _live()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # deletion is not damage
+        restored = cs.CheckpointManager(tmp_path, read_only=True).restore(live)
+    assert writer.steps() == [] and not doomed  # the writer really deleted them mid-restore
+    if when == "opening a delta base":
+        assert restored is None and _one_step(live) == -1
+    else:
+        assert restored == 3 and _one_step(live) == 3
+    writer.close()
+
+
+@pytest.mark.timeout(120)
+def test_restores_racing_a_deleting_writer_end_whole_or_untouched(tmp_path: Path, spawn: Any) -> None:
+    """A real writer process commits and deletes steps (keep_last=2) as fast as tmpfs lets it
+    while this process restores into live tensors: each restore ends with every live array in one
+    step, or raises NoCheckpointError saying the steps were deleted while read (never damage) with
+    the live state untouched. The old code left a restore half written about once in 10 s."""
+    shm = Path("/dev/shm")
+    directory = Path(tempfile.mkdtemp(dir=shm if shm.is_dir() else tmp_path))
+    writer = spawn("delta_writer.py", directory, "mixed")
+    try:
+        assert writer.stdout is not None and writer.stdout.readline().strip() == "ready"
+        reader = cs.CheckpointManager(directory, read_only=True)
+        steps: set[float] = set()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a CorruptCheckpointWarning would be a false alarm
+            deadline = time.monotonic() + 4
+            while time.monotonic() < deadline:
+                live = _live()
+                try:
+                    restored = reader.restore(live)
+                except cs.NoCheckpointError as exc:
+                    assert "deleted while it was read" in str(exc) and "damage" not in str(exc)
+                    assert _one_step(live) == -1
+                    continue
+                assert restored is not None and _one_step(live) == restored, "a restore half applied"
+                steps.add(restored)
+        assert len(steps) > 20  # it really raced many of the writer's steps
+    finally:
+        writer.kill()
+        writer.wait()
+        for pipe in (writer.stdout, writer.stderr):
+            if pipe is not None:
+                pipe.close()
+        shutil.rmtree(directory)

@@ -4,6 +4,7 @@ agreeing with load."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import shutil
@@ -22,8 +23,11 @@ import pytest
 import xxhash
 
 import crashsafe as cs
-from crashsafe.format.manifest import MANIFEST_NAME
+from crashsafe.format.chunks import MIN_CHUNK_BYTES
+from crashsafe.format.manifest import MANIFEST_NAME, Manifest, PayloadEntry, dumps
 from crashsafe.storage.layout import committed_steps, step_dir
+from crashsafe.storage.local import LocalStore
+from crashsafe.storage.writer import StepWriter
 
 from .conftest import child_env
 
@@ -277,3 +281,100 @@ def test_a_path_that_changes_kind_starts_a_new_chain(tmp_path: Path) -> None:
     reader = cs.CheckpointManager(tmp_path, read_only=True)
     assert reader.manifest(1).payloads[0].base is None
     assert reader.load(1)["a"] is np.True_ and reader.load(0)["a"].shape == ()
+
+
+# ----------------------------------------------------------------------------- distributed steps
+
+ROWS = 2  # rows of the (4, 8) float32 array "w" each of two ranks holds
+
+
+def _two_ranks(
+    directory: Path, chunked: bool, trees: Any = None, same: bool = False
+) -> Manifest:
+    """Commit step 1 as two ranks of a distributed manager would: each saved its half of "w"
+    (a shard, with chunk checksums in format version 3) and its own "mine" (the same values with
+    ``same``), or ``trees`` over payloads 0..3 (w, w, mine, mine); return its manifest."""
+    store = LocalStore(directory, create=True)
+    writer = StepWriter(store, 1)
+    payloads = []
+    for rank in (0, 1):
+        half = np.full((ROWS, 8), float(rank + 1), dtype=np.float32)
+        put = writer.write_payload(half.data, chunk=MIN_CHUNK_BYTES if chunked else None)
+        where = (put.file, put.offset, put.nbytes, put.xxh3, {"id": "raw"})
+        shard = ((2 * ROWS, 8), (rank * ROWS, 0))
+        entry = PayloadEntry("w", "numpy", "float32", half.shape, *where, None, rank, shard, put.chunks)
+        payloads.append(entry)
+    for rank in (0, 1):
+        mine = np.full(4, 10.0 if same else float(rank + 10))
+        put = writer.write_payload(mine.data)
+        where = (put.file, put.offset, put.nbytes, put.xxh3, {"id": "raw"})
+        payloads.append(PayloadEntry("mine", "numpy", "float64", (4,), *where, None, rank))
+    if trees is None:
+        trees = (_tree([0, 2]), _tree([1, 3]))
+    manifest = Manifest(1, time.time(), trees[0], tuple(payloads), writer.files(), rank_trees=(trees[1],))
+    writer.commit(manifest)
+    store.close()
+    return manifest
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["v2", "v3"])
+@pytest.mark.parametrize("forgery", ["overlap", "gap"])
+def test_verify_refuses_shards_that_load_refuses(tmp_path: Path, chunked: bool, forgery: str) -> None:
+    """Re-signed shards of one array that overlap, or leave a gap in, its global shape: load
+    refused the step, and verify called it intact."""
+    manifest = _two_ranks(tmp_path, chunked, same=True)
+    version = json.loads((step_dir(tmp_path, 1) / MANIFEST_NAME).read_bytes())["version"]
+    assert version == (3 if chunked else 2)
+    payloads = list(manifest.payloads)
+    if forgery == "overlap":  # rank 1's half moved up by a row: rows 1..2 twice, row 3 nowhere
+        payloads[1] = dataclasses.replace(payloads[1], shard=((2 * ROWS, 8), (ROWS - 1, 0)))
+    else:  # both halves of a larger array: row 2 nowhere
+        payloads[:2] = [dataclasses.replace(p, shard=((2 * ROWS + 1, 8), p.shard[1])) for p in payloads[:2]]
+        payloads[1] = dataclasses.replace(payloads[1], shard=((2 * ROWS + 1, 8), (ROWS + 1, 0)))
+    forged = dataclasses.replace(manifest, payloads=tuple(payloads))
+    (step_dir(tmp_path, 1) / MANIFEST_NAME).write_bytes(dumps(forged))  # signed anew
+    with pytest.raises(cs.CorruptCheckpointError, match="do not tile"):
+        cs.CheckpointManager(tmp_path, read_only=True).load(1)
+    report = cs.verify(tmp_path)
+    assert report.intact == [] and "do not tile its global shape" in (report.damaged[0].problem or "")
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["v2", "v3"])
+def test_verify_and_load_agree_on_intact_shards(tmp_path: Path, chunked: bool) -> None:
+    _two_ranks(tmp_path, chunked, same=True)
+    assert cs.verify(tmp_path).intact == [1]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the ranks saved one state: nothing to warn about
+        loaded = cs.CheckpointManager(tmp_path, read_only=True).load(1, numpy=True)
+    assert np.array_equal(loaded["w"], np.repeat([1.0, 2.0], ROWS * 8).reshape(2 * ROWS, 8))
+
+
+def _tree(ids: list[int], **ints: int) -> dict[str, Any]:
+    """A rank's tree: "w" and "mine" (payloads ``ids``) and python ints."""
+    vals = [{"t": "array", "id": i} for i in ids] + [{"t": "int", "v": str(v)} for v in ints.values()]
+    return {"t": "dict", "keys": ["w", "mine", *ints], "vals": vals}
+
+
+@pytest.mark.parametrize(
+    "trees, said",
+    [
+        (None, "rank 1 saved its own values of 'mine'"),
+        ((_tree([0, 2], step=1), _tree([1, 3], step=1, epoch=0)), "rank 1 saved other keys or python values"),
+        ((_tree([0, 2], step=1), _tree([1, 3], step=2)), "rank 1 saved other keys or python values"),
+    ],
+    ids=["own-values", "more-keys", "other-python-value"],
+)
+def test_a_plain_load_of_ranks_that_saved_different_states_says_so(
+    tmp_path: Path, trees: Any, said: str
+) -> None:
+    """One process loading a step whose ranks saved different trees got rank 0's, silently."""
+    _two_ranks(tmp_path, True, trees, same=trees is not None)
+    reader = cs.CheckpointManager(tmp_path, read_only=True)
+    for read in (reader.load, lambda: reader.load(1, mmap=True), lambda: reader.restore(_live_half())):
+        with pytest.warns(cs.CrashsafeWarning, match=f"saved by 2 ranks, and {said}.*returns rank 0's"):
+            read()
+    assert cs.verify(tmp_path).intact == [1]
+
+
+def _live_half() -> dict[str, Any]:
+    return {"w": np.zeros((2 * ROWS, 8), dtype=np.float32), "mine": np.zeros(4)}

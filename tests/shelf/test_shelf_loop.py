@@ -398,6 +398,58 @@ def test_a_damaged_newest_record_falls_back_to_the_one_before(shm_dir: Path, fli
         assert len(recovered) == 1 and shelf.recovered is not None
 
 
+@pytest.mark.parametrize("then", ["abort", "close mid-iteration", "begin again", "nothing"])
+@pytest.mark.parametrize("field", [30, 60])
+def test_a_damaged_newest_record_after_an_aborted_iteration_is_reported(
+    shm_dir: Path, flip: Flip, then: str, field: int
+) -> None:
+    """Five iterations committed, then ``loop.begin(); loop.abort()`` and one flipped bit in the
+    newest record: the shelf reopened at iteration 4 with no warning (without the abort, the begin
+    mark of iteration 5 happened to report it as interrupted). Any lost commit is reported."""
+    path = shm_dir / "s"
+    loop_state_a(path)
+    with Shelf(path) as shelf:
+        loop = shelf.loop(*NAMES)
+        for it in range(2, 6):
+            with loop.step() as out:
+                out["x"][:] = it
+                out["it"] = it
+        fifth, newest, seq = shelf["it"], _record_slots(shelf)[0], shelf.seq
+        if then == "abort":
+            loop.begin()
+            loop.abort()
+        elif then == "close mid-iteration":
+            loop.begin()
+        elif then == "begin again":  # and killed: the open iteration is 6, its mark says so
+            with loop.step() as out:
+                out["x"][:] = 6
+                out["it"] = 6
+            newest, seq = _record_slots(shelf)[0], shelf.seq
+            loop.begin()
+            loop.abort()
+    assert fifth == 5
+    flip(path, newest + field)  # the seq field, or a checksum of x: the record no longer checks out
+    if then != "nothing":
+        assert inspect_shelf(path).lost == (seq, seq)
+        shown = CliRunner().invoke(app, ["shelf", "inspect", str(path)])
+        assert shown.exit_code == 1 and f"committed loop transactions #{seq}..#{seq} are lost" in shown.output
+    shelf, recovered = reopen(path)
+    with shelf:
+        lost = 6 if then == "begin again" else 5
+        assert shelf["it"] == lost - 1 and np.all(shelf["x"] == lost - 1)  # the commit before, intact
+        assert len(recovered) == 1 and shelf.recovered is not None
+        if then != "nothing":  # (nothing: iteration 5's begin mark, reported as interrupted as before)
+            said = f"transaction {seq} (loop iterations) committed, but the loop's newest record is damaged"
+            assert said in str(recovered[0].message)
+            assert shelf.recovered.lost == 1 and shelf.recovered.seq == seq == shelf.seq
+        loop = shelf.loop(*NAMES)  # and the loop goes on from there
+        with loop.step() as out:
+            out["it"] = 99
+    shelf, recovered = reopen(path)
+    with shelf:
+        assert recovered == [] and shelf["it"] == 99  # reported once
+
+
 def test_damage_to_the_data_of_a_loop_commit_is_named(shm_dir: Path, flip: Flip) -> None:
     path = shm_dir / "s"
     loop_state_a(path)

@@ -496,3 +496,37 @@ def test_a_commit_the_store_cannot_confirm_keeps_its_data_and_says_so(
     cs.CheckpointManager(url, storage_options=options).close()  # the next writer cleans up
     assert FsspecStore(url, options).leftovers() == []
     _is(cs.CheckpointManager(url, storage_options=options, read_only=True).load(), 1)
+
+
+def test_a_restore_whose_steps_are_all_deleted_mid_read_says_so(
+    bucket: str, options: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An object store's step goes with its objects: the writer deletes every step while a restore
+    reads step 2 into the live state. The restore returned None, as if there had been no step at
+    all, over a live state it had begun to overwrite; it says what happened."""
+    import crashsafe.storage.objectstore as objectstore
+
+    url = f"s3://{bucket}/run"
+    writer = cs.CheckpointManager(url, storage_options=options, keep_last=None, async_save=False)
+    for step in (1, 2):
+        writer.save(step, _state(step))
+    fetch, doomed = objectstore._ObjectFile._fetch, [2, 1]
+
+    def deleting(self: Any, starts: list[int], ends: list[int]) -> list[bytes]:
+        if doomed and f"/{step_name(2)}/" in self._path:
+            writer.delete(doomed)  # as the writer's retention does, mid-read
+            doomed.clear()
+        return fetch(self, starts, ends)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(objectstore._ObjectFile, "_fetch", deleting)
+    live = {"w": np.zeros(1000), "b": {"ints": np.zeros(10, dtype=np.int64)}, "step": 0}
+    reader = cs.CheckpointManager(url, storage_options=options, read_only=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", cs.CorruptCheckpointWarning)  # deleted is not damaged
+        with pytest.raises(cs.NoCheckpointError) as caught:
+            reader.restore(live)
+    assert not doomed and writer.steps() == []
+    message = str(caught.value)
+    assert "deleted while it was read" in message and "damage" not in message
+    assert "partly overwritten by step 2, which was deleted while it was read" in message
+    writer.close()

@@ -73,7 +73,13 @@ def inspect_cmd(
         console.print(f"[yellow]incomplete transaction #{report.pending.seq}[/] (began "
                       f"{_when(report.pending.started)}, {len(report.pending.undo)} blocks overwritten "
                       "in place): the next Shelf(path) rolls it back")
+    if report.lost:
+        first, last = report.lost
+        err.print(f"[bold red]committed loop transactions #{first}..#{last} are lost[/]: the loop's newest "
+                  f"record is damaged, so the shelf holds #{first - 1}. Restore the file from a copy, or "
+                  "run those iterations again")
     if report.damaged:
         err.print(f"[bold red]{len(report.damaged)} variable(s) fail their checksums:[/] "
                   f"{', '.join(report.damaged)}. Restore the file from a copy.")
+    if report.damaged or report.lost:
         raise typer.Exit(1)

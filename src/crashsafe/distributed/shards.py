@@ -24,8 +24,8 @@ from crashsafe.state.rebuild import to_value
 from crashsafe.state.tree import Shard
 
 __all__ = [
-    "Box", "Targets", "box_jobs", "check_tiling", "fill_from", "flat_span", "live_targets", "read_range",
-    "read_sharded",
+    "Box", "Targets", "box_jobs", "check_shards", "check_tiling", "fill_from", "flat_span", "live_targets",
+    "read_range", "read_sharded",
 ]  # fmt: skip
 
 
@@ -54,6 +54,19 @@ def check_tiling(global_shape: tuple[int, ...], boxes: Sequence[Box], what: str)
             f"{what}: its shards do not tile its global shape {global_shape} (a shard is missing, "
             "doubled or damaged)"
         )
+
+
+def check_shards(manifest: Manifest) -> None:
+    """Raise CorruptCheckpointError unless the saved shards of every sharded array of ``manifest``
+    agree on its type and tile its global shape exactly: what every read of the array checks before
+    it reads a byte of it (:func:`read_sharded`, :func:`box_jobs`), for ``verify`` to check too."""
+    seen: set[tuple[str, tuple[int, ...]]] = set()
+    for entry in manifest.payloads:
+        if entry.shard is None or (entry.path, entry.shard[0]) in seen:
+            continue
+        seen.add((entry.path, entry.shard[0]))
+        _, boxes = _parts_of(manifest, entry)
+        check_tiling(entry.shard[0], boxes, f"checkpoint step {manifest.step}: array '{entry.path}'")
 
 
 def box_jobs(

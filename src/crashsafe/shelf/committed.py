@@ -28,7 +28,7 @@ from crashsafe.shelf.layout import (
     new_superblock,
 )
 from crashsafe.shelf.loop import Loop, LoopHost
-from crashsafe.shelf.loop_record import fold, interrupted, loop_variables, read_committed
+from crashsafe.shelf.loop_record import fold, interrupted, loop_variables, lost, read_committed
 from crashsafe.shelf.meta import Meta, MetaEncoder, commit_record, encode_meta
 from crashsafe.shelf.recovery import RecoveryInfo, restore, scan
 
@@ -78,7 +78,12 @@ class CommittedState:
         mv, meta = self._blocks.mv, self.meta
         incomplete = scan(mv, self.sb, meta.seq) or interrupted(mv, meta)
         if incomplete is None:
-            return None
+            gone = lost(mv, meta)  # committed iterations whose records were damaged since
+            if gone is None:
+                return None
+            first, last, when = gone
+            self.roll_back(last, (), f"loop iterations {first}..{last} lost: their records are damaged")
+            return RecoveryInfo(last, when, (), lost=last - first + 1)
         restored = self.roll_back(incomplete.seq, incomplete.undo, "crash")
         return RecoveryInfo(incomplete.seq, incomplete.started, tuple(restored))
 

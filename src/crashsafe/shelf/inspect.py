@@ -20,7 +20,7 @@ from crashsafe.shelf.alloc import reserved
 from crashsafe.shelf.arena import open_regular
 from crashsafe.shelf.errors import NotAShelfError, ShelfError
 from crashsafe.shelf.layout import PAGE, Superblock
-from crashsafe.shelf.loop_record import interrupted, read_committed
+from crashsafe.shelf.loop_record import interrupted, lost, read_committed
 
 __all__ = ["ShelfReport", "VarReport", "inspect_shelf"]
 
@@ -58,6 +58,7 @@ class ShelfReport:
     pending: recovery.Incomplete | None
     variables: tuple[VarReport, ...]
     loop: tuple[str, ...] = ()  # the variables of the shelf's loop, if it has one
+    lost: tuple[int, int] | None = None  # committed loop transactions whose records are damaged
 
     @property
     def damaged(self) -> list[str]:
@@ -114,6 +115,7 @@ def _report(
     if length < meta.size:
         raise ShelfError(f"{path} is shorter ({length} bytes) than its arena ({meta.size}); it was truncated")
     pending = recovery.scan(buf, sb, meta.seq) or interrupted(buf, meta)
+    gone = None if pending else lost(buf, meta)
     pending_targets = {r.target for r in pending.undo} if pending else set()
     total = sum(e.nbytes for e in meta.vars.values() if e.has_block) if verify else 0
     done = 0
@@ -136,7 +138,7 @@ def _report(
         used += sum(reserved(nbytes) for _, nbytes in loop.blocks(meta.vars))
     return ShelfReport(path, sb.version, sb.created, meta.size, meta.size - sb.data_start, used, meta.seq,
                        dict(meta.tx), meta.rollback, spare, pending, tuple(variables),
-                       loop.names if loop is not None else ())
+                       loop.names if loop is not None else (), gone[:2] if gone else None)
 
 
 def _preview(buf: memoryview, kind: str, offset: int, nbytes: int) -> Any:

@@ -32,6 +32,7 @@ from crashsafe.shelf.errors import CorruptShelfError, NotAShelfError
 __all__ = [
     "ALIGN",
     "FORMAT_VERSION",
+    "LOOP_ABORTED_MAGIC",
     "LOOP_BEGUN",
     "LOOP_BEGUN_MAGIC",
     "LOOP_LIMIT",
@@ -60,6 +61,7 @@ RECORD_MAGIC = b"CSTX"
 LOOP_MAGIC = b"CSLOOP01"
 LOOP_BEGUN = struct.Struct("<8sQd")  # b"CSLOOPBG", seq, time: the loop iteration in progress
 LOOP_BEGUN_MAGIC = b"CSLOOPBG"
+LOOP_ABORTED_MAGIC = b"CSLOOPAB"  # in place of LOOP_BEGUN_MAGIC: the iteration was aborted
 LOOP_LIMIT = 64  # variables per loop: a commit record's bitmask of changed variables is one u64
 
 _SUPER = struct.Struct("<16sII5Q16sd")  # magic, version, reserved, 5 offsets/sizes, uuid, created
@@ -220,7 +222,8 @@ class LoopLayout:
     A record slot holds ``magic, seq, id, time``, then ``(block index, xxh3, version)`` per array,
     ``(value, version)`` per scalar, a u64 bitmask of the variables the commit changed (arrays
     first), and an xxh3 of all that. The records block starts with a line where ``begin`` marks
-    the iteration in progress (:data:`LOOP_BEGUN`: magic, seq, time), then the two slots.
+    the iteration in progress (:data:`LOOP_BEGUN`: magic, seq, time, then an xxh3 of those and the
+    loop's id) and ``abort`` marks it aborted (another magic), then the two slots.
     """
 
     id: int

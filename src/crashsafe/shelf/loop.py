@@ -10,8 +10,10 @@ intact; the record write is the commit point. Opening a shelf applies the newest
 the metadata (:func:`~crashsafe.shelf.loop_record.read_committed`).
 
 Protocol of one loop iteration, numbered ``committed + 1``: ``begin`` marks it begun in the
-records block (so an interrupted iteration is reported on reopen, as any transaction; the mark
-only decides that report, so it needs no checksum) and makes the spares writable;
+records block (so an interrupted iteration is reported on reopen, as any transaction; and since an
+iteration begins only after the one before it committed, a mark proves that commit, so a reopen
+that finds its record damaged reports the loss: the mark has a checksum for that) and makes the
+spares writable; ``abort`` marks it aborted (same number);
 ``commit`` checksums the spares it commits, makes them durable, writes the record, makes it
 durable.
 """
@@ -30,8 +32,8 @@ import numpy as np
 
 import crashsafe._faults as faults
 from crashsafe.shelf.errors import ShelfError
-from crashsafe.shelf.layout import LOOP_BEGUN, LOOP_BEGUN_MAGIC, LoopLayout
-from crashsafe.shelf.loop_record import CHECKSUM, XXH3, LoopRecord, record_fields
+from crashsafe.shelf.layout import LOOP_ABORTED_MAGIC, LOOP_BEGUN_MAGIC, LoopLayout
+from crashsafe.shelf.loop_record import CHECKSUM, XXH3, LoopRecord, mark, record_fields
 from crashsafe.shelf.meta import Entry, Meta
 
 __all__ = ["Loop", "LoopHost"]
@@ -174,8 +176,7 @@ class Loop:
             out[name] = spare
         for spare in out.values():  # (only once none is refused)
             spare.setflags(write=True)
-        begun = record[_SEQ] + 1
-        LOOP_BEGUN.pack_into(self._buffer, self.layout.records, LOOP_BEGUN_MAGIC, begun, time.time())
+        self._mark(LOOP_BEGUN_MAGIC, record[_SEQ] + 1)
         if _ARMED:
             faults.reached("shelf_loop_after_begin")
         self._out = out
@@ -254,8 +255,14 @@ class Loop:
             return
         for view in out.values():
             view.setflags(write=False)
-        # not an interrupted iteration: a reopen has nothing to report
-        LOOP_BEGUN.pack_into(self._buffer, self.layout.records, bytes(8), 0, 0.0)
+        # not an interrupted iteration: a reopen has nothing to report, but its number still proves
+        # that the iteration before it committed (should that record be damaged: loop_record.lost)
+        self._mark(LOOP_ABORTED_MAGIC, self._last[_SEQ] + 1)
+
+    def _mark(self, magic: bytes, seq: int) -> None:
+        line = mark(self.layout, magic, seq, time.time())
+        at = self.layout.records
+        self._buffer[at : at + len(line)] = line
 
     @contextmanager
     def step(self) -> Iterator[dict[str, Any]]:

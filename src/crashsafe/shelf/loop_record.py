@@ -4,7 +4,8 @@ newest valid one from a records block, and applying one to the metadata. Nothing
 The committed state of a shelf with a loop is its newest metadata slot with the newest valid record
 of the loop applied, if that record is newer (:func:`read_committed`). A begin mark in the records
 block with the number after the committed state is an iteration a crash interrupted
-(:func:`interrupted`).
+(:func:`interrupted`). A mark (begun or aborted, its checksum right) of a later iteration proves the
+commits before it, which damaged records lost (:func:`lost`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import xxhash
 
 from crashsafe.shelf.errors import CorruptShelfError, ShelfError
 from crashsafe.shelf.layout import (
+    LOOP_ABORTED_MAGIC,
     LOOP_BEGUN,
     LOOP_BEGUN_MAGIC,
     LOOP_LIMIT,
@@ -39,6 +41,8 @@ __all__ = [
     "interrupted",
     "is_loop_scalar",
     "loop_variables",
+    "lost",
+    "mark",
     "read_committed",
     "record_fields",
 ]
@@ -180,6 +184,30 @@ def read_committed(buf: memoryview, sb: Superblock, path: object) -> tuple[Meta,
         if found:
             meta = fold(meta, max(found, key=lambda r: r.seq))
     return meta, spare
+
+
+def mark(layout: LoopLayout, magic: bytes, seq: int, when: float) -> bytes:
+    """The loop's begin line for iteration ``seq``, begun (:data:`LOOP_BEGUN_MAGIC`) or aborted
+    (:data:`LOOP_ABORTED_MAGIC`) at ``when``, with a checksum of it and the loop's id: a mark
+    damaged, or left by another loop in the same bytes, never counts as proof of a commit."""
+    line = LOOP_BEGUN.pack(magic, seq, when)
+    return line + CHECKSUM.pack(XXH3(line + CHECKSUM.pack(layout.id)))
+
+
+def lost(buf: memoryview, meta: Meta) -> tuple[int, int, float] | None:
+    """``(first, last, when)``: the loop commits ``first..last`` that the begin line proves (an
+    iteration begins only after the one before it committed) but the committed state ``meta`` lacks:
+    their records were damaged. None if the line proves none (or is damaged, or from before marks
+    carried a checksum)."""
+    layout = meta.loop
+    if layout is None:
+        return None
+    at = layout.records
+    line = bytes(buf[at : at + LOOP_BEGUN.size + CHECKSUM.size])
+    magic, seq, when = LOOP_BEGUN.unpack_from(line)
+    if magic not in (LOOP_BEGUN_MAGIC, LOOP_ABORTED_MAGIC) or line != mark(layout, magic, seq, when):
+        return None
+    return (meta.seq + 1, seq - 1, when) if seq - 1 > meta.seq else None
 
 
 def interrupted(buf: memoryview, meta: Meta) -> Incomplete | None:

@@ -23,11 +23,13 @@ __all__ = ["Incomplete", "RecoveryInfo", "restore", "scan"]
 
 @dataclass(frozen=True)
 class RecoveryInfo:
-    """What opening the shelf rolled back: the transaction number and the variables restored."""
+    """What opening the shelf rolled back: the transaction number and the variables restored; or,
+    with ``lost`` (how many), committed loop iterations up to ``seq`` whose records were damaged."""
 
     seq: int
     started: float
     restored: tuple[str, ...]
+    lost: int = 0
 
 
 @dataclass(frozen=True)

@@ -157,11 +157,22 @@ class Shelf(Closing, MutableMapping[str, Any]):
 
     def _open(self, wanted: int | None, verify: bool) -> None:
         state = self._state = CommittedState.read(self._arena, self._blocks, self.path)
-        self.recovered = state.recover()
-        if self.recovered is not None:
+        self.recovered = found = state.recover()
+        if found is not None and found.lost:
+            first = found.seq - found.lost + 1
+            which = f"transaction {first}" if found.lost == 1 else f"transactions {first}..{found.seq}"
             warnings.warn(
-                f"shelf {self.path}: transaction {self.recovered.seq} did not commit (a crash interrupted "
-                f"it, or its metadata is damaged) and has been rolled back ({len(self.recovered.restored)} "
+                f"shelf {self.path}: {which} (loop iterations) committed, but the loop's newest record "
+                f"is damaged (it fails its checksum): the shelf holds transaction {first - 1}, the newest "
+                "it can prove, and what came after it is lost. Run those iterations again, or restore the "
+                "file from a copy.",
+                ShelfRecoveredWarning,
+                stacklevel=3,
+            )
+        elif found is not None:
+            warnings.warn(
+                f"shelf {self.path}: transaction {found.seq} did not commit (a crash interrupted "
+                f"it, or its metadata is damaged) and has been rolled back ({len(found.restored)} "
                 f"variables restored in place); the shelf holds the state committed before it.",
                 ShelfRecoveredWarning,
                 stacklevel=3,

@@ -46,6 +46,10 @@ class StoredFile(ABC):
     def read_into(self, view: memoryview, offset: int) -> None:
         """Fill ``view`` with the file's bytes from ``offset`` (CorruptCheckpointError if they end)."""
 
+    def fileno(self) -> int | None:
+        """The open file's descriptor, where it has one (a local file: it can be mapped), else None."""
+        return None
+
     def close(self) -> None:
         """Release what reading held (a file descriptor, a connection)."""
         return None  # nothing to do, unless a subclass says otherwise

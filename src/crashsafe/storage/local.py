@@ -25,10 +25,10 @@ import secrets
 import stat
 import sys
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import crashsafe._faults as faults
+from crashsafe._runtime import pool
 from crashsafe.codecs.base import BytesLike
 from crashsafe.errors import (
     CheckpointExistsError,
@@ -71,22 +71,12 @@ def _writeback_starter() -> Callable[[int, int, int], None]:
 
 
 _start_writeback = _writeback_starter()
-_FSYNCS = ThreadPoolExecutor(2, thread_name_prefix="crashsafe-fsync")
-
-
-def _fresh_fsync_pool() -> None:
-    """A forked child has none of its parent's threads: it needs a pool of its own."""
-    global _FSYNCS
-    _FSYNCS = ThreadPoolExecutor(2, thread_name_prefix="crashsafe-fsync")
-
-
-os.register_at_fork(after_in_child=_fresh_fsync_pool)
 
 
 def _fsync_together(fds: list[int]) -> None:
-    """fsync every fd at once (one in this thread, the others in ``_FSYNCS``), so one journal
+    """fsync every fd at once (one in this thread, the others in the "fsync" pool), so one journal
     commit can serve them all; returns when every fsync has returned, raising the first error."""
-    others = [_FSYNCS.submit(os.fsync, fd) for fd in fds[1:]]
+    others = [pool("fsync", 2).submit(os.fsync, fd) for fd in fds[1:]]
     error: OSError | None = None
     try:
         os.fsync(fds[0])
@@ -201,6 +191,9 @@ class _LocalFile(StoredFile):
             raise CorruptCheckpointError(
                 f"{self._what}: reading failed ({exc.strerror or exc}); the disk may be damaged"
             ) from None
+
+    def fileno(self) -> int | None:
+        return self._fd if self._fd >= 0 else None
 
     def close(self) -> None:
         if self._fd >= 0:

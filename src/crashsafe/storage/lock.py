@@ -93,6 +93,7 @@ class WriterLock(Lock):
         os.ftruncate(self._fd, 0)
         os.pwrite(self._fd, f"{os.getpid()}\n".encode(), 0)
         _HELD[self._key] = _NOTE.get() or _opened_at()
+        self._pid = os.getpid()  # a forked child shares the lock: only this process lets it go
 
     def _read_holder(self) -> int | None:
         assert self._fd is not None
@@ -103,6 +104,7 @@ class WriterLock(Lock):
     def release(self) -> None:
         if self._fd is not None:
             _HELD.pop(self._key, None)
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            if os.getpid() == self._pid:  # in a forked child, unlocking would free its parent's lock
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None

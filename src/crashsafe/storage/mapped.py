@@ -8,8 +8,9 @@ which reports such errors as an OSError instead; where the kernel lacks it (Linu
 is mapped and files are read with ``preadv``. Committed files are never truncated: retention
 deletes by unlinking, and a mapping stays readable after that.
 
-Mapping needs a file descriptor, so only a :class:`~crashsafe.storage.local.LocalStore` step maps;
-the file is opened afresh relative to the step's directory (no links, regular files only).
+Mapping needs a file descriptor, so only a local step maps (a :class:`StoredFile` with a
+``fileno``): the very file the reader opened and checked, so a step deleted, or deleted and saved
+again, while it is read still maps the bytes that were committed when it was opened.
 """
 
 from __future__ import annotations
@@ -22,10 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from crashsafe.errors import CorruptCheckpointError, CrashsafeError
-from crashsafe.storage.base import Store
-from crashsafe.storage.layout import step_name
-from crashsafe.storage.local import LocalStore
+from crashsafe.errors import CorruptCheckpointError
+from crashsafe.storage.base import StoredFile
 
 __all__ = ["MappedFile", "map_file"]
 
@@ -61,29 +60,20 @@ class MappedFile:
             ) from None
 
 
-def map_file(store: Store, step: int, name: str, size: int) -> MappedFile | None:
-    """Data file ``name`` of a committed local ``step`` (of ``size`` bytes, as its manifest says)
-    mapped read-only; None where it cannot be (another store, an empty file, an old kernel)."""
+def map_file(file: StoredFile, where: str, size: int) -> MappedFile | None:
+    """An opened data ``file`` of a committed step (``size`` bytes, as its manifest says; ``where``
+    names it in messages) mapped read-only; None where it cannot be (no file descriptor: another
+    store; an empty file; an old kernel)."""
     global _supported
-    if not (_supported and _POPULATE_READ is not None and isinstance(store, LocalStore) and size > 0):
+    fd = file.fileno()
+    if not (_supported and _POPULATE_READ is not None and fd is not None and size > 0):
         return None
-    where = f"checkpoint step {step} ({store.root.path / step_name(step)}): {name}"
-    try:
-        directory = store.root.subdir(step_name(step))
-        try:
-            fd = directory.open_file(name)
-        finally:
-            directory.close()
-    except (OSError, CrashsafeError):
-        return None  # the caller reads through the store, which reports what is wrong
     try:
         if os.fstat(fd).st_size != size:
             return None
-        region = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+        region = mmap.mmap(fd, size, access=mmap.ACCESS_READ)  # holds a file descriptor of its own
     except (OSError, ValueError):
         return None
-    finally:
-        os.close(fd)
     try:
         region.madvise(_POPULATE_READ, 0, min(size, mmap.PAGESIZE))
     except OSError as exc:

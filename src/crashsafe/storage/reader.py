@@ -60,7 +60,6 @@ class StepReader(Closing):
 
     def __init__(self, store: Store, step: int) -> None:
         self.step = step
-        self._store = store
         self._maps: dict[str, MappedFile | None] = {}  # unmapped when no view of them is left
         self._stored = store.open_step(step)
         self.where = self._stored.where
@@ -180,7 +179,7 @@ class StepReader(Closing):
     def _mapped(self, name: str) -> MappedFile | None:
         """Data file ``name`` mapped into memory, if the store's files can be (mapped once)."""
         if name not in self._maps:
-            self._maps[name] = map_file(self._store, self.step, name, self.manifest.files[name])
+            self._maps[name] = map_file(self._files[name], f"{self.where}: {name}", self.manifest.files[name])
         return self._maps[name]
 
     def close(self) -> None:

@@ -10,12 +10,12 @@ committed (rule 10).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import xxhash
 
 import crashsafe._faults as faults
+from crashsafe._runtime import pool
 from crashsafe.codecs.base import BytesLike
 from crashsafe.errors import UnsupportedStateError
 from crashsafe.format.chunks import Chunks, hash_chunks
@@ -25,7 +25,6 @@ from crashsafe.storage.base import Store
 __all__ = ["StepWriter", "Written", "delete_steps"]
 
 _HASH_ASYNC_MIN = 4 << 20
-_HASHER = ThreadPoolExecutor(1, thread_name_prefix="crashsafe-hash")
 
 
 @dataclass(frozen=True)
@@ -67,7 +66,7 @@ class StepWriter:
             raise ValueError("a payload hashed in chunks needs its chunks' checksums, not one xxh3")
         # hash on another core while this one writes (both release the GIL)
         in_parallel = hashed is None and len(view) > _HASH_ASYNC_MIN
-        digest = _HASHER.submit(_hash, view, chunk) if in_parallel else None
+        digest = pool("hash", 1).submit(_hash, view, chunk) if in_parallel else None
         try:
             file, offset = self._draft.write(view)
         finally:
