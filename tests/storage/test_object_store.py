@@ -407,9 +407,9 @@ def proxy(s3_endpoint: str) -> Iterator[FaultProxy]:
 
 
 def _through(proxy: FaultProxy, options: dict[str, Any]) -> dict[str, Any]:
-    """Options reaching S3 through the proxy; botocore's own retries cut to one (ours remain)."""
+    """Options reaching S3 through the proxy (crashsafe's four attempts, botocore's own retries off)."""
     client = {**options["client_kwargs"], "endpoint_url": proxy.endpoint}
-    return {**options, "client_kwargs": client, "config_kwargs": {"retries": {"max_attempts": 1}}}
+    return {**options, "client_kwargs": client}
 
 
 @pytest.mark.parametrize("mode", ["503", "drop", "delay"])
