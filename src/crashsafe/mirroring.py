@@ -122,8 +122,8 @@ class Mirror:
         with self._cond:
             self._failed_round.add(step)
             missing = sorted(self._pending)
-        stale = f"the mirror lacks steps {missing}" if len(missing) > 1 else "the mirror lacks it"
-        self._note(f"{message}; the step stays local and is retried at the next save ({stale})")
+        lacks = f"steps {missing}" if len(missing) > 1 else f"step {step}"
+        self._note(f"{message}; the step stays local, retried at the next save (the mirror lacks {lacks})")
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until every pending step is mirrored (or failed this round); True if none is left."""
@@ -249,6 +249,10 @@ class Mirror:
             self._facts.pop(step, None)
 
     def _prune(self) -> None:
+        try:
+            self._lock.check()
+        except CrashsafeError:
+            return  # no lease, no deletion: each step's failure said why
         try:
             target = self._target
             doomed = doomed_steps(target, self.keep, self._bases, facts=self._facts)
