@@ -20,7 +20,7 @@ from typing import Any
 from crashsafe.errors import StorageError
 from crashsafe.storage.retry import ATTEMPTS
 
-__all__ = ["Bounds", "bounded_s3_options", "endpoint_of"]
+__all__ = ["Bounds", "bounded", "bounded_s3_options", "endpoint_of"]
 
 CONNECT_TIMEOUT = 5.0  # seconds to open a connection (s3fs's default)
 READ_TIMEOUT = 15.0  # seconds to wait for the next bytes of an answer (s3fs's default)
@@ -91,3 +91,13 @@ def endpoint_of(options: Mapping[str, Any]) -> str:
     found = client.get("endpoint_url") if isinstance(client, Mapping) else None
     found = found or options.get("endpoint_url")
     return str(found) if found else _AWS
+
+
+
+def bounded(url: str, options: Mapping[str, Any]) -> tuple[dict[str, Any], Bounds, str]:
+    """The options to open ``url`` with, its bounds, and how messages name it (an S3 location with
+    its endpoint). Only S3's are filled in; other backends keep their own time-outs (docs/storage.md)."""
+    if url.partition("://")[0].lower() not in ("s3", "s3a"):
+        return dict(options), Bounds(), url
+    found, bounds = bounded_s3_options(options)
+    return found, bounds, f"{url} at {endpoint_of(options)}"

@@ -11,10 +11,9 @@ Object stores have no rename, so a step is committed when its manifest exists:
 Readers list only steps whose manifest exists; shards of a killed writer, or of the loser of a
 race, are invisible and removed by the next writer. Deleting removes the manifest first (the step
 vanishes at once), then its shards. Transient errors (5xx, timeouts, dropped connections) are
-retried with backoff (:mod:`crashsafe.storage.retry`), each request bounded by time-outs
-(:mod:`crashsafe.storage.bounds`); after the last attempt the error is a StorageError, and a save's
-says its step was not committed. One writer at a time holds a lease object
-(:mod:`crashsafe.storage.lease`).
+retried with backoff (:mod:`crashsafe.storage.retry`), each request within time-outs (``bounds``);
+then the error is a StorageError (a save's says its step was not committed). One writer at a time
+holds a lease object (:mod:`crashsafe.storage.lease`).
 """
 
 from __future__ import annotations
@@ -38,7 +37,7 @@ from crashsafe.errors import CheckpointExistsError, CorruptCheckpointError, NoCh
 from crashsafe.format.manifest import MANIFEST_NAME
 from crashsafe.storage.background import IOLoop
 from crashsafe.storage.base import Capabilities, Draft, Lock, Store, StoredFile, StoredStep
-from crashsafe.storage.bounds import Bounds, bounded_s3_options, endpoint_of
+from crashsafe.storage.bounds import bounded
 from crashsafe.storage.layout import LOCK_NAME, parse_step_name, step_name
 from crashsafe.storage.lease import LEASE_SECONDS, Lease
 from crashsafe.storage.localfs import SafeLocalFileSystem
@@ -56,7 +55,6 @@ UPLOADS = 8  # shards in flight at once
 READS = 8  # shards of a step being read fetched at once (the one read and the next ones)
 # fsspec protocols whose "create" write is atomic create-if-absent
 _ATOMIC_CREATE = frozenset({"s3", "s3a", "file", "local", "memory"})
-_S3 = frozenset({"s3", "s3a"})
 
 
 class FsspecStore(Store):
@@ -75,11 +73,7 @@ class FsspecStore(Store):
         self._io: IOLoop | None = None  # a loop of its own (see background())
         self._lease: Lease | None = None  # held by this writer: checked before each commit and deletion
         self.location = url
-        self.where = url  # for messages: the location, and an S3 store's endpoint
-        options, self.bounds = dict(storage_options), Bounds()
-        if url.partition("://")[0].lower() in _S3:
-            options, self.bounds = bounded_s3_options(storage_options)
-            self.where = f"{url} at {endpoint_of(storage_options)}"
+        options, self.bounds, self.where = bounded(url, storage_options)  # where: with its endpoint
         try:
             self.fs, path = fsspec.core.url_to_fs(url, **options)
         except (ImportError, ValueError) as exc:
@@ -89,7 +83,7 @@ class FsspecStore(Store):
             path = os.path.realpath(path)  # the root itself may be a link: the user chose it
         self.root = path.rstrip("/")
         protocols = {self.fs.protocol} if isinstance(self.fs.protocol, str) else set(self.fs.protocol)
-        self.is_s3 = bool(protocols & _S3)
+        self.is_s3 = bool(protocols & {"s3", "s3a"})
         if self.is_s3:
             self.fs.retries = 1  # s3fs's own retry loop: crashsafe's is the one (bounds.py)
         self.capabilities = Capabilities(
