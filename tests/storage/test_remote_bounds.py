@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import socket
 import threading
+import tomllib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -153,3 +156,11 @@ def test_transience_is_decided_by_type_and_status_not_text() -> None:
     assert not is_transient(_translated(_client_error(404, "NoSuchBucket")))
     assert is_transient(ConnectionResetError())
     assert not is_transient(RuntimeError("Connection reset by peer"))  # text says nothing
+
+
+def test_fsspec_is_a_core_dependency() -> None:
+    """Every URL location (``file://``, ``memory://``, ``s3://``) imports fsspec, but only the s3
+    extra installed it: ``pip install crashsafe`` then failed on ``file://`` with an ImportError."""
+    project = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"]
+    names = [re.split(r"[<>=!~ \[;]", requirement, maxsplit=1)[0] for requirement in project["dependencies"]]
+    assert "fsspec" in names
