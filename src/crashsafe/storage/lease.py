@@ -28,7 +28,7 @@ from typing import Any
 from crashsafe.errors import CrashsafeError, LockedError, StorageError
 from crashsafe.storage.base import Lock
 from crashsafe.storage.localdir import UnsafeEntryError
-from crashsafe.storage.retry import status_of, with_retries
+from crashsafe.storage.retry import status_of
 
 __all__ = ["LEASE_SECONDS", "Lease"]
 
@@ -41,10 +41,10 @@ _Call = Callable[[Callable[[], Any], str], Any]
 class Lease(Lock):
     """A renewed lease on the object ``path`` of the fsspec file system ``fs``."""
 
-    def __init__(self, fs: Any, path: str, location: str, seconds: float, call: _Call | None = None) -> None:
+    def __init__(self, fs: Any, path: str, location: str, seconds: float, call: _Call) -> None:
         self._fs = fs
         self._location = location
-        self._calls = call  # the store's calls with retries (its bounds, its endpoint in errors)
+        self._call = call  # the store's calls with retries (its bounds; its endpoint in errors)
         self._seconds = seconds
         self._path = path
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
@@ -57,11 +57,6 @@ class Lease(Lock):
         self._stop = threading.Event()
         self._renewer = threading.Thread(target=self._renew_loop, name="crashsafe-lease", daemon=True)
         self._renewer.start()
-
-    def _call(self, op: Callable[[], Any], what: str) -> Any:
-        if self._calls is not None:
-            return self._calls(op, what)
-        return with_retries(op, f"{what} ({self._location})")
 
     def _body(self) -> tuple[bytes, float]:
         """A lease of ours expiring a lease length from now, and that time: it becomes this writer's
