@@ -93,7 +93,6 @@ def endpoint_of(options: Mapping[str, Any]) -> str:
     return str(found) if found else _AWS
 
 
-
 def bounded(url: str, options: Mapping[str, Any]) -> tuple[dict[str, Any], Bounds, str]:
     """The options to open ``url`` with, its bounds, and how messages name it (an S3 location with
     its endpoint). Only S3's are filled in; other backends keep their own time-outs (docs/storage.md)."""
