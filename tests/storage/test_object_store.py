@@ -451,7 +451,7 @@ def proxy(s3_endpoint: str) -> Iterator[FaultProxy]:
 
 
 def _through(proxy: FaultProxy, options: dict[str, Any]) -> dict[str, Any]:
-    """Options reaching S3 through the proxy (crashsafe's four attempts, botocore's own retries off)."""
+    """Options reaching S3 through the proxy (crashsafe's five attempts, botocore's own retries off)."""
     client = {**options["client_kwargs"], "endpoint_url": proxy.endpoint}
     return {**options, "client_kwargs": client}
 
@@ -478,7 +478,7 @@ def test_a_lasting_outage_fails_clearly_and_commits_nothing(
     mgr.save(1, _state(1))
     proxy.fault("503")
     started = time.monotonic()
-    with pytest.raises(cs.StorageError, match="failed 4 times.*does not answer"):
+    with pytest.raises(cs.StorageError, match="failed 5 times.*does not answer"):
         mgr.save(2, _state(2))
     assert time.monotonic() - started < 30
     proxy.fault("pass", 0)

@@ -97,7 +97,7 @@ def test_a_silent_endpoint_fails_within_its_bounds_and_names_itself(silent: Sile
 
 def test_an_unreachable_endpoint_fails_at_once_and_a_read_claims_nothing_of_commits() -> None:
     """A refused connection took 38 s to fail (retries inside retries), and `ls` and `verify`
-    said "Nothing was committed", which means nothing for a read. Now: crashsafe's four attempts,
+    said "Nothing was committed", which means nothing for a read. Now: crashsafe's five attempts,
     an error naming the endpoint, and no word of commits for a read."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -107,7 +107,7 @@ def test_an_unreachable_endpoint_fails_at_once_and_a_read_claims_nothing_of_comm
         result = runner.invoke(app, [command, "s3://bucket/run", "--storage-options", options])
         assert result.exit_code == 2, result.output
         output = " ".join(result.output.split())  # (the error line may be wrapped)
-        assert f"127.0.0.1:{port}" in output and "failed 4 times" in output, output
+        assert f"127.0.0.1:{port}" in output and "failed 5 times" in output, output
         assert "committed" not in output, output
 
 
@@ -118,7 +118,7 @@ def test_the_bounds_are_botocores_own_options_and_refuse_no_bound() -> None:
     options, bounds = bounded_s3_options({"config_kwargs": config})
     assert (bounds.attempts, bounds.connect_timeout, bounds.read_timeout) == (3, 5.0, 2.0)
     assert options["config_kwargs"]["retries"] == {"total_max_attempts": 1}
-    assert bounded_s3_options({})[1].attempts == 4
+    assert bounded_s3_options({})[1].attempts == 5
     for bad in ({"read_timeout": None}, {"connect_timeout": 0}, {"retries": {"total_max_attempts": 0}}):
         with pytest.raises(cs.StorageError, match="config_kwargs"):
             cs.CheckpointManager("s3://bucket/run", storage_options={"config_kwargs": bad}, read_only=True)

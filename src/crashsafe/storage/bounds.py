@@ -4,7 +4,7 @@ how many times a call is tried in all (rule 18 of the design: every remote call 
 For S3 the bounds are botocore's own options in ``storage_options["config_kwargs"]``:
 ``connect_timeout`` and ``read_timeout`` (seconds, default 5 and 15, as s3fs), and ``retries``
 (``{"total_max_attempts": n}``, or ``{"max_attempts": n}`` retries after the first try: n + 1;
-default 4 tries). crashsafe retries itself, by exception type and status
+default 5 tries). crashsafe retries itself, by exception type and status
 (:mod:`crashsafe.storage.retry`), so the retry loops of botocore and s3fs are turned off: tried
 inside each of crashsafe's attempts they multiplied the wait (a store that accepts connections and
 never answers held ``crashsafe ls`` for over 25 minutes; a refused one failed after 38 s).

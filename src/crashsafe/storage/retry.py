@@ -20,8 +20,10 @@ from crashsafe.errors import CrashsafeError, StorageError
 
 __all__ = ["ATTEMPTS", "is_transient", "status_of", "with_retries"]
 
-ATTEMPTS = 4  # tries of each call in all, with backoff 0.2 s, 0.4 s, 0.8 s between
-_FIRST_DELAY = 0.2
+# tries of each call in all, with backoff 0.5 s, 1 s, 2 s, 4 s between (each times 0.5 to 1): a
+# blip of a few seconds is ridden out, a store that refuses connections fails within 8 s
+ATTEMPTS = 5
+_FIRST_DELAY = 0.5
 _MAX_DELAY = 5.0
 _T = TypeVar("_T")
 _PERMANENT = (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError, NotADirectoryError)
