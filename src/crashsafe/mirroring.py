@@ -6,12 +6,17 @@ background thread uploads steps oldest first, so a delta's base always reaches t
 the delta. That thread and the I/O threads it starts run at a lower CPU priority
 (:mod:`crashsafe.storage.background`), so reading, checksumming and uploading a step take the
 cores only when training leaves them. Until a step is mirrored, local retention keeps it (and its
-bases). A failed upload is reported as a :class:`MirrorWarning` at the next save and retried
-then; nothing local is at risk.
+bases); a step counts as mirrored only once the mirror's bytes of it are known intact: read back
+and checksummed after its upload, or, for a step the mirror already held when the manager opened,
+read back and checksummed then (a manifest that matches says nothing of the shards). A failed
+upload is reported as a :class:`MirrorWarning` at the next save and retried then; nothing local is
+at risk. A mirror whose lease expired while it did not answer uploads again once a renewal goes
+through; one whose lease another writer took stays stale, and says so at each save and at close.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import warnings
@@ -103,12 +108,24 @@ class Mirror:
         return pending | protected_steps(self.local, pending)
 
     def report(self) -> None:
-        """Warn (in the caller's thread) about uploads that failed since the last report."""
+        """Warn (in the caller's thread) about what went wrong since the last report."""
         with self._cond:
             errors, self._errors = self._errors, []
         for error in errors:
-            warnings.warn(f"{error}; the step stays local and is retried", MirrorWarning, stacklevel=3)
-            logger().warning("%s; the step stays local and is retried", error)
+            warnings.warn(error, MirrorWarning, stacklevel=3)
+            logger().warning("%s", error)
+
+    def _note(self, message: str) -> None:
+        with self._cond:
+            self._errors.append(message)
+
+    def _failed(self, step: int, message: str) -> None:
+        """A step not mirrored this round: said at the next report, retried at the next save."""
+        with self._cond:
+            self._failed_round.add(step)
+            missing = sorted(self._pending)
+        lacks = f"steps {missing}" if len(missing) > 1 else f"step {step}"
+        self._note(f"{message}; the step stays local, retried at the next save (the mirror lacks {lacks})")
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until every pending step is mirrored (or failed this round); True if none is left."""
@@ -126,8 +143,8 @@ class Mirror:
         try:
             self._target = self.remote.background()  # its I/O threads start here: as nice as this one
         except (CrashsafeError, OSError) as exc:
-            with self._cond:
-                self._errors.append(f"opening {self.remote.location} for uploads failed: {exc}")
+            where = self.remote.location
+            self._note(f"opening {where} for background uploads failed: {exc}; the writer's client uploads")
         try:
             self._serve()
         finally:
@@ -152,26 +169,35 @@ class Mirror:
 
     def _mirror(self, step: int) -> None:
         try:
+            self._lock.check()  # an expired or lost lease uploads nothing (its shards would be garbage)
             there = step in self._target.steps()
             if there and not self._same(step):
                 self._drop_stale(step)
                 there = False
+            if there and (problem := self._damage(step)) is not None:
+                self._replace_damaged(step, problem)
+                there = False
             if not there:
-                copy_step(self.local, self._target, step)
+                copy_step(self.local, self._target, step)  # verified after upload
                 self._forget([step])  # a step saved again after a deletion: facts anew
-        except NoCheckpointError:
-            pass  # gone locally (deleted by the user): nothing to mirror
         except (CrashsafeError, OSError) as exc:
-            with self._cond:
-                self._errors.append(f"mirroring step {step} to {self.remote.location} failed: {exc}")
-                self._failed_round.add(step)
-            return
-        with self._cond:
+            if not (isinstance(exc, NoCheckpointError) and self._gone(step)):
+                self._failed(step, f"mirroring step {step} to {self.remote.location} failed: {exc}")
+                return
+        with self._cond:  # mirrored and verified, or gone locally (deleted by the user)
             self._pending.discard(step)
 
+    def _gone(self, step: int) -> bool:
+        """Whether ``step`` is no longer committed locally (so there is nothing to mirror)."""
+        try:
+            return not self.local.has_step(step)
+        except (CrashsafeError, OSError):
+            return False
+
     def _same(self, step: int) -> bool:
-        """Whether the mirror's ``step`` is the local one (not an older save of that step number,
-        which a run that rewound, after its local copy was deleted, saved again, nor a damaged one)."""
+        """Whether the mirror's ``step`` is the local one by its manifest (not an older save of that
+        step number, which a run that rewound, after its local copy was deleted, saved again, nor
+        one whose manifest is damaged)."""
         mine = read_manifest(self.local, step)
         try:
             theirs = read_manifest(self._target, step)
@@ -180,6 +206,31 @@ class Mirror:
         return mine.created == theirs.created and [e.xxh3 for e in mine.payloads] == [
             e.xxh3 for e in theirs.payloads
         ]
+
+    def _damage(self, step: int) -> str | None:
+        """What is wrong with the mirror's bytes of ``step`` (each payload read back and
+        checksummed), or None: a matching manifest says nothing of the shards it names."""
+        try:
+            with StepReader(self._target, step) as copy:
+                for entry in copy.manifest.payloads:
+                    copy.check_stored(entry)
+        except CorruptCheckpointError as exc:
+            return str(exc)
+        return None
+
+    def _replace_damaged(self, step: int, problem: str) -> None:
+        """Delete the mirror's damaged copy of ``step`` once the local copy is known intact (it is
+        the same save, byte for byte by its checksums: steps that need it as a delta base read it
+        again once the copy is uploaded)."""
+        with StepReader(self.local, step) as mine:
+            for entry in mine.manifest.payloads:
+                mine.check_stored(entry)
+        self._note(
+            f"the mirror's copy of step {step} in {self.remote.location} is damaged ({problem}); "
+            "it is replaced by the local copy, which stays until the new upload is verified"
+        )
+        delete_steps(self._target, [step])
+        self._forget([step])
 
     def _drop_stale(self, step: int) -> None:
         """Delete the mirror's older save of ``step``, unless a mirrored step needs it as a delta base."""
@@ -201,13 +252,17 @@ class Mirror:
 
     def _prune(self) -> None:
         try:
+            self._lock.check()
+        except CrashsafeError:
+            return  # no lease, no deletion: each step's failure said why
+        try:
             target = self._target
             doomed = doomed_steps(target, self.keep, self._bases, facts=self._facts)
             delete_steps(target, doomed)
             self._forget(doomed)
         except (CrashsafeError, OSError) as exc:
-            with self._cond:
-                self._errors.append(f"applying retention in {self.remote.location} failed: {exc}")
+            where = self.remote.location
+            self._note(f"applying retention in {where} failed: {exc}; it is applied again after an upload")
 
     def retry(self) -> None:
         """Try failed steps again (called at each save)."""
@@ -217,11 +272,22 @@ class Mirror:
                 self._cond.notify_all()
 
     def close(self, timeout: float | None = None) -> None:
-        """Finish the pending uploads (so a finished job's last step is in the mirror), then stop."""
+        """Finish the pending uploads (so a finished job's last step is in the mirror; steps that
+        failed are tried once more while the lease holds), then stop; steps still not mirrored are
+        reported (the mirror is stale)."""
+        with contextlib.suppress(CrashsafeError):
+            self._lock.check()
+            self.retry()
         self.wait(timeout)
         with self._cond:
             self._closing = True
             self._cond.notify_all()
+            stale = sorted(self._pending)
+        if stale:
+            self._note(
+                f"closing with steps {stale} not in the mirror {self.remote.location}: the mirror is stale. "
+                "They stay in the local directory; a manager opened with this mirror uploads them"
+            )
         self._thread.join()
         self._lock.release()
         self.remote.close()

@@ -22,6 +22,7 @@ import crashsafe._faults as faults
 from crashsafe.codecs.registry import get_codec
 from crashsafe.format.manifest import Manifest, PayloadEntry
 from crashsafe.state.tree import flatten
+from crashsafe.storage.base import Lock
 from crashsafe.storage.layout import step_name
 from crashsafe.storage.objectstore import FsspecStore
 from crashsafe.storage.stores import open_store
@@ -262,36 +263,77 @@ def test_a_writer_that_lost_its_lease_stops(bucket: str, options: dict[str, Any]
     fs.pipe_file(f"{bucket}/run/.lock", b'{"holder": "other:1:y", "expires": %f}' % (time.time() + 60))
     time.sleep(0.1)
     mgr._lock._expires = 0.0  # type: ignore[union-attr]  # as if this writer had been paused past its lease
-    with pytest.raises(cs.LockedError, match="stopped so that two writers never write one run"):
+    with pytest.raises(cs.LockedError, match="expired before it could be renewed"):
         mgr.save(2, _state(2))
+    assert mgr._lock._renew() is False  # type: ignore[union-attr]  # (what its renewer finds next)
     mgr.close()
     assert cs.CheckpointManager(url, storage_options=options, read_only=True).steps() == [1]
 
 
-def test_a_writer_cut_off_past_its_lease_commits_and_deletes_nothing(
+def _until_checked(lease: Lock, match: str | None = None, seconds: float = 30.0) -> None:
+    """Wait until ``lease.check()`` passes (``match`` None) or raises LockedError matching ``match``."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            lease.check()
+            if match is None:
+                return
+        except cs.LockedError as exc:
+            if match is not None and match in str(exc):
+                return
+            if time.monotonic() > deadline:
+                raise
+        time.sleep(0.1)
+
+
+def test_a_writer_cut_off_past_its_lease_commits_and_deletes_nothing_once_taken_over(
     bucket: str, options: dict[str, Any], proxy: FaultProxy
 ) -> None:
-    """A writer's link to the store is down for longer than its lease. Its failed renewals pushed
-    its own expiry forward, so it went on saving beside a writer that had taken over, and its
-    retention deleted that writer's steps. Now its lease expires on time, and a commit or a deletion
-    checks the lease right before it happens (not only when a save starts): a writer paused there
-    past its lease committed a step whose shards the new writer had already removed."""
+    """A writer's link to the store is down for longer than its lease, and another writer takes
+    over meanwhile. Its failed renewals pushed its own expiry forward, so it went on saving beside
+    that writer, and its retention deleted that writer's steps. Now its lease expires on time, and
+    a commit or a deletion checks the lease right before it happens (not only when a save starts):
+    a writer paused there past its lease committed a step whose shards the new writer had removed.
+    Once its link is back it finds the other holder and stops for good."""
     url = f"s3://{bucket}/run"
     store = FsspecStore(url, _through(proxy, options), lease_seconds=2.0)
     lease = store.lock()
     writer = StepWriter(store, 1)
     entry = _entry(writer, "w", np.ones(1000))
-    proxy.fault("drop", seconds=3.5)
+    proxy.fault("drop")
     time.sleep(3.0)  # past the lease, every renewal failing
     with pytest.raises(cs.LockedError, match="expired before it could be renewed"):
         lease.check()
-    time.sleep(1.0)  # the link is back: only the lease stops this writer now
+    other = FsspecStore(url, options, lease_seconds=2.0).lock()  # takes over the expired lease
+    proxy.fault("pass", 0)  # the link is back: only the lease stops this writer now
     with pytest.raises(cs.LockedError):
         writer.commit(Manifest(1, time.time(), _tree(), (entry,), writer.files()))
     with pytest.raises(cs.LockedError):
         store.delete(1)
+    _until_checked(lease, "another writer took over")  # for good: its next renewal found the other
     lease.release()
+    other.release()
     assert FsspecStore(url, options).steps() == []
+
+
+def test_a_writer_cut_off_past_its_lease_resumes_when_no_one_took_over(
+    bucket: str, options: dict[str, Any], proxy: FaultProxy
+) -> None:
+    """An outage longer than the lease, and no other writer: the lease still names this writer,
+    so its next renewal takes it again and the writer commits again (it stopped for good)."""
+    url = f"s3://{bucket}/run"
+    store = FsspecStore(url, _through(proxy, options), lease_seconds=2.0)
+    lease = store.lock()
+    proxy.fault("drop")
+    time.sleep(3.0)
+    with pytest.raises(cs.LockedError, match="commits and deletes nothing until a renewal goes through"):
+        lease.check()
+    proxy.fault("pass", 0)
+    _until_checked(lease)  # renewed
+    writer = StepWriter(store, 1)
+    writer.commit(Manifest(1, time.time(), _tree(), (_entry(writer, "w", np.ones(10)),), writer.files()))
+    assert FsspecStore(url, options).steps() == [1]
+    lease.release()
 
 
 def test_a_mirror_whose_lease_was_taken_over_writes_and_deletes_nothing(
@@ -313,9 +355,11 @@ def test_a_mirror_whose_lease_was_taken_over_writes_and_deletes_nothing(
         mgr.wait_mirror(60)
         mgr.save(3, _state(3))
     assert FsspecStore(url, options).steps() == [1, 5]  # nothing uploaded, nothing deleted
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", cs.MirrorWarning)
-        mgr.close()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mgr.close()  # it said so at each save, and says it once more as the job ends
+    said = [str(w.message) for w in caught if issubclass(w.category, cs.MirrorWarning)]
+    assert any("closing with steps [2, 3] not in the mirror" in m and "stale" in m for m in said), said
 
 
 def test_a_step_deleted_while_it_is_read_has_vanished_not_failed(
@@ -407,9 +451,9 @@ def proxy(s3_endpoint: str) -> Iterator[FaultProxy]:
 
 
 def _through(proxy: FaultProxy, options: dict[str, Any]) -> dict[str, Any]:
-    """Options reaching S3 through the proxy; botocore's own retries cut to one (ours remain)."""
+    """Options reaching S3 through the proxy (crashsafe's five attempts, botocore's own retries off)."""
     client = {**options["client_kwargs"], "endpoint_url": proxy.endpoint}
-    return {**options, "client_kwargs": client, "config_kwargs": {"retries": {"max_attempts": 1}}}
+    return {**options, "client_kwargs": client}
 
 
 @pytest.mark.parametrize("mode", ["503", "drop", "delay"])
@@ -434,7 +478,7 @@ def test_a_lasting_outage_fails_clearly_and_commits_nothing(
     mgr.save(1, _state(1))
     proxy.fault("503")
     started = time.monotonic()
-    with pytest.raises(cs.StorageError, match="failed 4 times.*Nothing was committed"):
+    with pytest.raises(cs.StorageError, match="failed 5 times.*does not answer"):
         mgr.save(2, _state(2))
     assert time.monotonic() - started < 30
     proxy.fault("pass", 0)

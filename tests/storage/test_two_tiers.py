@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import shutil
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,9 +12,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+import s3fs
 
 import crashsafe as cs
-from crashsafe.storage.layout import step_dir
+import crashsafe.storage.objectstore as objectstore
+from crashsafe.storage.layout import step_dir, step_name
 
 from .faultproxy import FaultProxy
 
@@ -184,3 +187,72 @@ def test_a_step_saved_again_while_the_mirror_was_away_reaches_it(tmp_path: Path)
         assert mgr.wait_mirror(timeout=60)
     assert cs.CheckpointManager(local, read_only=True).steps() == [5]
     _is(cs.CheckpointManager(mirror, read_only=True).load(3), 33)
+
+
+def test_a_damaged_mirror_copy_never_counts_as_mirrored(
+    tmp_path: Path, bucket: str, options: dict[str, Any]
+) -> None:
+    """The mirror's copy of step 2 has a flipped byte in its shard. Reopened with keep_last=1, the
+    manager took step 2 for mirrored because the manifests matched, and a save deleted the local
+    step 2, the only intact copy, without a word. Now the mirror's bytes are read back and
+    checksummed: the damage is reported, the local copy replaces it, and only then may the local
+    step go; step 2 stays intact in one tier or the other throughout."""
+    mirror = f"s3://{bucket}/run"
+    local = tmp_path / "local"
+    with cs.CheckpointManager(local, keep_last=None, mirror=mirror, storage_options=options) as mgr:
+        for step in (1, 2):
+            mgr.save(step, _state(step))
+    fs = s3fs.S3FileSystem(**options)
+    (shard,) = [key for key in fs.find(f"{bucket}/run/{step_name(2)}") if "/data-" in key]
+    raw = bytearray(fs.cat_file(shard))
+    raw[100] ^= 0x01
+    fs.pipe_file(shard, bytes(raw))
+    with (
+        pytest.warns(cs.MirrorWarning, match=r"mirror's copy of step 2 .* is damaged.*checksum"),
+        cs.CheckpointManager(local, keep_last=1, mirror=mirror, storage_options=options) as mgr,
+    ):
+        mgr.save(3, _state(3))
+        assert mgr.wait_mirror(timeout=60)  # the mirror thread checked (and repaired) step 2
+    report = cs.verify(mirror, storage_options=options)
+    assert report.ok and report.intact == [1, 2, 3]  # the local copy went only once this held
+    _is(cs.CheckpointManager(mirror, storage_options=options, read_only=True).load(2), 2)
+    assert cs.CheckpointManager(local, read_only=True).steps() == [3]
+
+
+def test_a_mirror_whose_lease_expired_in_an_outage_uploads_again(
+    tmp_path: Path, bucket: str, options: dict[str, Any], proxy: FaultProxy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The mirror is cut off for longer than its lease. Its lease expired, a MirrorWarning said
+    "this writer stopped", and nothing was uploaded again once the mirror was back (a new machine
+    restored step 1 of 10). Now the lease, still naming this writer (no other took over), is renewed
+    once the mirror answers, and the waiting steps are uploaded."""
+    monkeypatch.setattr(objectstore, "LEASE_SECONDS", 1.5)
+    client = {**options["client_kwargs"], "endpoint_url": proxy.endpoint}
+    flaky = {**options, "client_kwargs": client}
+    mirror = f"s3://{bucket}/run"
+    with cs.CheckpointManager(tmp_path / "local", keep_last=1, mirror=mirror, storage_options=flaky) as mgr:
+        mgr.save(1, _state(1))
+        assert mgr.wait_mirror(timeout=60)
+        proxy.fault("drop")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            mgr.save(2, _state(2))
+            time.sleep(2.5)  # the outage outlasts the lease
+            mgr.save(3, _state(3))
+            assert not mgr.wait_mirror(timeout=60)
+            proxy.fault("pass", 0)  # the mirror is back
+            assert mgr._mirror is not None
+            deadline = time.monotonic() + 30
+            while True:  # its lease renewed in the background (or the test gives up)
+                try:
+                    mgr._mirror._lock.check()
+                    break
+                except cs.LockedError:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.1)
+            mgr.save(4, _state(4))  # the next save retries the waiting steps
+            assert mgr.wait_mirror(timeout=60)
+        said = [str(w.message) for w in caught if issubclass(w.category, cs.MirrorWarning)]
+        assert any("lease" in message and "expired" in message for message in said), said
+    remote = cs.CheckpointManager(mirror, storage_options=options, read_only=True)
+    assert remote.steps() == [1, 2, 3, 4] and cs.verify(mirror, storage_options=options).ok

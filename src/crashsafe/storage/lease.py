@@ -5,8 +5,12 @@ Object stores have no ``flock``, and a writer that dies never says so. So the wr
 background every third of its length. Another writer may take over a lease only once it has
 expired. Renewals and takeovers compare-and-swap on S3 (``If-Match`` on the ETag); on stores without
 a conditional update they re-read and overwrite, which two writers racing to take over the same
-expired lease could both pass (docs/storage.md). A writer that finds its lease lost, or that could
-not renew it before it expired, stops writing at its next save (LockedError).
+expired lease could both pass (docs/storage.md).
+
+A writer whose lease expired unrenewed (the store did not answer) commits and deletes nothing
+(LockedError) until a renewal goes through; the renewal goes through only while the lease object
+still names this writer, so no other writer took over meanwhile, and writing then resumes. A writer
+that finds its lease taken over (or gone) stops for good.
 """
 
 from __future__ import annotations
@@ -24,34 +28,35 @@ from typing import Any
 from crashsafe.errors import CrashsafeError, LockedError, StorageError
 from crashsafe.storage.base import Lock
 from crashsafe.storage.localdir import UnsafeEntryError
-from crashsafe.storage.retry import with_retries
+from crashsafe.storage.retry import status_of
 
-__all__ = ["Lease"]
+__all__ = ["LEASE_SECONDS", "Lease"]
 
+LEASE_SECONDS = 30.0  # a lease's length; renewed every third of it
 _MOST_READ = 4096  # bytes of a lease read: ours are under 100
+_PRECONDITION_FAILED = 412  # an If-Match that no longer matches
+_Call = Callable[[Callable[[], Any], str], Any]
 
 
 class Lease(Lock):
     """A renewed lease on the object ``path`` of the fsspec file system ``fs``."""
 
-    def __init__(self, fs: Any, path: str, location: str, seconds: float) -> None:
+    def __init__(self, fs: Any, path: str, location: str, seconds: float, call: _Call) -> None:
         self._fs = fs
         self._location = location
+        self._call = call  # the store's calls with retries (its bounds; its endpoint in errors)
         self._seconds = seconds
         self._path = path
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         self._lost: str | None = None
         self._expires = 0.0
         try:
-            self._tag = self._acquire()
+            self._acquire()
         except UnsafeEntryError as exc:
             raise StorageError(f"refusing the writer lease: {exc} (crashsafe recreates it)") from None
         self._stop = threading.Event()
         self._renewer = threading.Thread(target=self._renew_loop, name="crashsafe-lease", daemon=True)
         self._renewer.start()
-
-    def _call(self, op: Callable[[], Any], what: str) -> Any:
-        return with_retries(op, f"{what} ({self._location})")
 
     def _body(self) -> tuple[bytes, float]:
         """A lease of ours expiring a lease length from now, and that time: it becomes this writer's
@@ -82,7 +87,7 @@ class Lease(Lock):
         tag = str(info.get("ETag") or f"{size}:{data.decode('latin-1')}")
         return body if isinstance(body, dict) else {}, tag
 
-    def _acquire(self) -> str | None:
+    def _acquire(self) -> None:
         """Create the lease, or take over one whose holder is gone: expired, or held by a dead
         process of this host. A lease that looks alive is watched until it should expire: if its
         holder renews it meanwhile, another writer is running (LockedError)."""
@@ -91,13 +96,13 @@ class Lease(Lock):
         try:
             self._call(lambda: fs.pipe_file(self._path, new, mode="create"), "taking the lease")
             self._expires = expires
-            return self._read()[1]
+            return
         except FileExistsError:
             pass
         body, tag = self._read()
         if body is not None and body.get("holder") == self.holder:
             self._expires = expires  # ours: the creation went through, its answer was lost, and the
-            return tag  # retry met it
+            return  # retry met it
         left = _remaining(body)
         if left > 0 and not _dead_here(body):
             time.sleep(min(left, self._seconds) + 0.5)  # a live holder renews before it expires
@@ -112,7 +117,6 @@ class Lease(Lock):
             tag = now_tag
         if not self._swap(tag):
             raise LockedError(f"another writer took over the lease of {self._location} first")
-        return self._read()[1]
 
     def _swap(self, tag: str | None) -> bool:
         """Replace the lease with ours if it is still the one tagged ``tag``."""
@@ -126,7 +130,7 @@ class Lease(Lock):
                     "renewing the writer lease",
                 )
             except StorageError as exc:
-                if "pre-condition" in str(exc) or "Precondition" in str(exc):
+                if status_of(exc) == _PRECONDITION_FAILED:
                     # the lease changed; to ours if this very write went through and only its answer
                     # was lost (the retry then compared with the tag it had replaced)
                     ours = bool(self._read()[0] == json.loads(body))
@@ -141,23 +145,42 @@ class Lease(Lock):
         self._expires = expires
         return True
 
+    def _renew(self) -> bool:
+        """Renew the lease while the lease object names this writer; False once it does not (another
+        writer took it over, or it was removed). After an expiry too: a lease that still names this
+        writer was taken by no one meanwhile (a takeover writes its own holder), so writing resumes."""
+        for _ in range(3):  # again if a write of ours whose answer was lost changed the tag
+            body, tag = self._read()
+            if body is None or body.get("holder") != self.holder:
+                return False
+            try:
+                if self._swap(tag):
+                    return True
+            except FileNotFoundError:
+                return False  # removed between the read and the swap
+        raise StorageError(f"the lease on {self._location} kept changing while it was renewed")
+
     def _renew_loop(self) -> None:
         while not self._stop.wait(self._seconds / 3):
             try:
-                if not self._swap(self._tag):
-                    self._lost = f"another writer took over the lease of {self._location}"
+                if not self._renew():
+                    self._lost = f"another writer took over the lease of {self._location} (or removed it)"
                     return
-                self._tag = self._read()[1]
             except CrashsafeError:
                 continue  # transient trouble: retried at the next renewal; check() sees an expired lease
 
     def check(self) -> None:
-        if self._lost is None and time.time() > self._expires:
-            self._lost = f"the lease on {self._location} expired before it could be renewed"
         if self._lost is not None:
             raise LockedError(
                 f"{self._lost}: this writer stopped so that two writers never write one run. Create a "
                 "new CheckpointManager once the other writer is gone"
+            )
+        late = time.time() - self._expires
+        if late > 0:
+            raise LockedError(
+                f"the lease on {self._location} expired before it could be renewed (unrenewed for "
+                f"{late + self._seconds:.0f} s: the store does not answer). This writer commits and deletes "
+                "nothing until a renewal goes through, and goes on then unless another writer took over"
             )
 
     def release(self) -> None:

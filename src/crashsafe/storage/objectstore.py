@@ -11,13 +11,15 @@ Object stores have no rename, so a step is committed when its manifest exists:
 Readers list only steps whose manifest exists; shards of a killed writer, or of the loser of a
 race, are invisible and removed by the next writer. Deleting removes the manifest first (the step
 vanishes at once), then its shards. Transient errors (5xx, timeouts, dropped connections) are
-retried with backoff (:mod:`crashsafe.storage.retry`); after the limit the error is a StorageError
-and nothing is committed. One writer at a time holds a lease object (:mod:`crashsafe.storage.lease`).
+retried with backoff (:mod:`crashsafe.storage.retry`), each request within time-outs (``bounds``);
+then the error is a StorageError (a save's says its step was not committed). One writer at a time
+holds a lease object (:mod:`crashsafe.storage.lease`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import secrets
 import threading
@@ -35,8 +37,9 @@ from crashsafe.errors import CheckpointExistsError, CorruptCheckpointError, NoCh
 from crashsafe.format.manifest import MANIFEST_NAME
 from crashsafe.storage.background import IOLoop
 from crashsafe.storage.base import Capabilities, Draft, Lock, Store, StoredFile, StoredStep
+from crashsafe.storage.bounds import bounded
 from crashsafe.storage.layout import LOCK_NAME, is_step_file, parse_step_name, step_name
-from crashsafe.storage.lease import Lease
+from crashsafe.storage.lease import LEASE_SECONDS, Lease
 from crashsafe.storage.localfs import SafeLocalFileSystem
 from crashsafe.storage.retry import with_retries
 
@@ -55,7 +58,8 @@ _ATOMIC_CREATE = frozenset({"s3", "s3a", "file", "local", "memory"})
 
 
 class FsspecStore(Store):
-    """Checkpoints under an fsspec URL; ``storage_options`` go to fsspec as they are."""
+    """Checkpoints under an fsspec URL; ``storage_options`` go to fsspec as they are, with S3's
+    time-outs and attempts bounded (:mod:`crashsafe.storage.bounds`)."""
 
     def __init__(
         self,
@@ -63,29 +67,32 @@ class FsspecStore(Store):
         storage_options: Mapping[str, Any],
         *,
         create: bool = False,
-        lease_seconds: float = 30.0,
+        lease_seconds: float | None = None,
     ) -> None:
         self._options = dict(storage_options)
         self._io: IOLoop | None = None  # a loop of its own (see background())
         self._lease: Lease | None = None  # held by this writer: checked before each commit and deletion
+        self.location = url
+        options, self.bounds, self.where = bounded(url, storage_options)  # where: with its endpoint
         try:
-            self.fs, path = fsspec.core.url_to_fs(url, **storage_options)
+            self.fs, path = fsspec.core.url_to_fs(url, **options)
         except (ImportError, ValueError) as exc:
             raise StorageError(f"cannot open {url}: {exc}. Install the fsspec backend it needs") from None
         if type(self.fs) is LocalFileSystem:  # file://: never through a link, never a FIFO
             self.fs = SafeLocalFileSystem(**storage_options)
             path = os.path.realpath(path)  # the root itself may be a link: the user chose it
         self.root = path.rstrip("/")
-        self.location = url
         protocols = {self.fs.protocol} if isinstance(self.fs.protocol, str) else set(self.fs.protocol)
         self.is_s3 = bool(protocols & {"s3", "s3a"})
+        if self.is_s3:
+            self.fs.retries = 1  # s3fs's own retry loop: crashsafe's is the one (bounds.py)
         self.capabilities = Capabilities(
             atomic_rename=False, conditional_put=bool(protocols & _ATOMIC_CREATE), durable_fsync=False
         )
-        self.lease_seconds = lease_seconds
+        self.lease_seconds = LEASE_SECONDS if lease_seconds is None else lease_seconds
         if create:
             try:
-                self._call(lambda: self.fs.makedirs(self.root, exist_ok=True), f"creating {url}")
+                self._call(lambda: self.fs.makedirs(self.root, exist_ok=True), "creating the location")
             except (FileExistsError, StorageError) as exc:
                 if isinstance(exc, StorageError) and not isinstance(exc.__cause__, NotADirectoryError):
                     raise
@@ -98,7 +105,7 @@ class FsspecStore(Store):
         """NoCheckpointError unless something is stored under the root (or, for a bucket's root, the
         bucket exists): for a reader, a URL that leads nowhere is a mistake, not an empty run."""
         try:
-            self._call(lambda: self.fs.info(self.root), f"opening {self.location}")
+            self._call(lambda: self.fs.info(self.root), "opening the location")
         except FileNotFoundError:
             raise NoCheckpointError(
                 f"checkpoint location {self.location} does not exist (nothing is stored there); check the URL"
@@ -136,8 +143,9 @@ class FsspecStore(Store):
     def path(self, *names: str) -> str:
         return "/".join((self.root, *names))
 
-    def _call(self, op: Any, what: str) -> Any:
-        return with_retries(op, f"{what} ({self.location})")
+    def _call(self, op: Callable[[], Any], what: str) -> Any:
+        """``op()`` with retries; an error names ``what`` was done, the location and its endpoint."""
+        return with_retries(op, f"{what} ({self.where})", self.bounds.attempts)
 
     def _objects(self) -> list[str]:
         """Keys below the root, relative to it, at most two levels deep (step_<n>/<file>). One flat
@@ -228,12 +236,12 @@ class FsspecStore(Store):
     def _remove(self, keys: list[str]) -> None:
         for i, key in enumerate(keys):
             with contextlib.suppress(FileNotFoundError):
-                self._call(lambda key=key: self.fs.rm_file(self.path(key)), f"removing {key}")
+                self._call(functools.partial(self.fs.rm_file, self.path(key)), f"removing {key}")
             if i == 0:
                 faults.reached("mid_delete")
 
     def lock(self) -> Lock:
-        self._lease = Lease(self.fs, self.path(LOCK_NAME), self.location, self.lease_seconds)
+        self._lease = Lease(self.fs, self.path(LOCK_NAME), self.location, self.lease_seconds, self._call)
         return self._lease
 
     def stored_bytes(self, step: int) -> int:
@@ -439,14 +447,19 @@ class _ObjectDraft(Draft):
         self.step = step
         self._name = step_name(step)
         self._part = "" if part is None else f"{part}-"
-        if step in store.steps():
+        folder = store.path(self._name)  # a no-op on object stores; file:// needs the directory
+        try:
+            committed = step in store.steps()
+            if not committed:
+                store._call(lambda: store.fs.makedirs(folder, exist_ok=True), f"starting step {step}")
+        except StorageError as exc:
+            raise self._not_committed(exc) from exc
+        if committed:
             raise CheckpointExistsError(
                 f"step {step} is already committed in {store.location}; committed checkpoints are "
                 "never overwritten. Save under a new step, or delete it first with `crashsafe gc`."
             )
         self._attempt = attempt or secrets.token_hex(8)
-        folder = store.path(self._name)  # a no-op on object stores; file:// needs the directory
-        store._call(lambda: store.fs.makedirs(folder, exist_ok=True), f"starting step {step}")
         self._files: dict[str, int] = {}
         self._current: str | None = None  # the shard being filled with small payloads
         self._buffer = bytearray()
@@ -501,11 +514,18 @@ class _ObjectDraft(Draft):
         with self._uploaded:
             faults.reached("mid_upload")
 
+    def _not_committed(self, exc: StorageError) -> StorageError:
+        """``exc`` saying what it means for the save: nothing of it is committed."""
+        return StorageError(f"{exc}. Step {self.step} was not committed; committed checkpoints are intact")
+
     def persist(self) -> None:
         try:
             self._flush()
             for upload in self._uploads:
                 upload.result()  # the first failed upload fails the step
+        except StorageError as exc:
+            self.abort()
+            raise self._not_committed(exc) from exc
         except BaseException:
             self.abort()
             raise
@@ -527,6 +547,8 @@ class _ObjectDraft(Draft):
             mine = self._holds(manifest)
             if mine is False:
                 self.abort()
+                if isinstance(exc, StorageError):
+                    raise self._not_committed(exc) from exc
                 raise
             if mine is None:  # the files stay until a writer's cleanup finds no manifest naming them
                 self._pool.shutdown(wait=True)

@@ -1,0 +1,102 @@
+"""How long any call to an object store may take: each request's connect and read time-outs, and
+how many times a call is tried in all (rule 18 of the design: every remote call is bounded).
+
+For S3 the bounds are botocore's own options in ``storage_options["config_kwargs"]``:
+``connect_timeout`` and ``read_timeout`` (seconds, default 5 and 15, as s3fs), and ``retries``
+(``{"total_max_attempts": n}``, or ``{"max_attempts": n}`` retries after the first try: n + 1;
+default 5 tries). crashsafe retries itself, by exception type and status
+(:mod:`crashsafe.storage.retry`), so the retry loops of botocore and s3fs are turned off: tried
+inside each of crashsafe's attempts they multiplied the wait (a store that accepts connections and
+never answers held ``crashsafe ls`` for over 25 minutes; a refused one failed after 38 s).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from crashsafe.errors import StorageError
+from crashsafe.storage.retry import ATTEMPTS
+
+__all__ = ["Bounds", "bounded", "bounded_s3_options", "endpoint_of"]
+
+CONNECT_TIMEOUT = 5.0  # seconds to open a connection (s3fs's default)
+READ_TIMEOUT = 15.0  # seconds to wait for the next bytes of an answer (s3fs's default)
+_AWS = "the AWS endpoint"
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """Tries of each call in all, and each request's time-outs (None: the backend's own)."""
+
+    attempts: int = ATTEMPTS
+    connect_timeout: float | None = None
+    read_timeout: float | None = None
+
+
+def _seconds(config: Mapping[str, Any], name: str, default: float) -> float:
+    value = config.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise StorageError(
+            f"storage_options config_kwargs.{name} must be a positive number of seconds, got {value!r}: "
+            "every request to the store needs a bound (docs/storage.md)"
+        )
+    return float(value)
+
+
+def _attempts(retries: Any) -> int:
+    if retries is None:
+        return ATTEMPTS
+    if not isinstance(retries, Mapping):
+        raise StorageError(f"storage_options config_kwargs.retries must be a dict, got {retries!r}")
+    total = retries.get("total_max_attempts") is not None
+    name, least = ("total_max_attempts", 1) if total else ("max_attempts", 0)
+    value = retries.get(name)
+    if value is None:
+        return ATTEMPTS
+    if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= 100:
+        raise StorageError(
+            f"storage_options config_kwargs.retries.{name} must be a whole number from {least} to 100, "
+            f"got {value!r}"
+        )
+    return value if total else value + 1  # max_attempts counts the retries after the first try
+
+
+def bounded_s3_options(options: Mapping[str, Any]) -> tuple[dict[str, Any], Bounds]:
+    """``options`` for s3fs with the time-outs made explicit and botocore's own retries off, and
+    the bounds crashsafe applies (it tries each call ``attempts`` times in all)."""
+    config = options.get("config_kwargs") or {}
+    if not isinstance(config, Mapping):
+        raise StorageError(f"storage_options config_kwargs must be a dict, got {config!r}")
+    bounds = Bounds(
+        _attempts(config.get("retries")),
+        _seconds(config, "connect_timeout", CONNECT_TIMEOUT),
+        _seconds(config, "read_timeout", READ_TIMEOUT),
+    )
+    retries = {k: v for k, v in (config.get("retries") or {}).items() if k == "mode"}
+    config = {
+        **config,
+        "connect_timeout": bounds.connect_timeout,
+        "read_timeout": bounds.read_timeout,
+        "retries": {**retries, "total_max_attempts": 1},  # one request per attempt of ours
+    }
+    return {**options, "config_kwargs": config}, bounds
+
+
+def endpoint_of(options: Mapping[str, Any]) -> str:
+    """The endpoint an S3 client with ``options`` talks to, for messages."""
+    client = options.get("client_kwargs")
+    found = client.get("endpoint_url") if isinstance(client, Mapping) else None
+    found = found or options.get("endpoint_url")
+    return str(found) if found else _AWS
+
+
+def bounded(url: str, options: Mapping[str, Any]) -> tuple[dict[str, Any], Bounds, str]:
+    """The options to open ``url`` with, its bounds, and how messages name it (an S3 location with
+    its endpoint). Only S3's are filled in; other backends keep their own time-outs (docs/storage.md)."""
+    if url.partition("://")[0].lower() not in ("s3", "s3a"):
+        return dict(options), Bounds(), url
+    found, bounds = bounded_s3_options(options)
+    return found, bounds, f"{url} at {endpoint_of(options)}"

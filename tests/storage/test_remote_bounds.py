@@ -1,0 +1,166 @@
+"""Every call to an object store is bounded: an endpoint that accepts connections and never
+answers, or one that refuses them, ends in a clear StorageError naming it after a bounded number
+of attempts (a real listening socket on 127.0.0.1, a real closed port); what is transient is
+decided by the exception's type and the status the store answered, never by message text."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import socket
+import threading
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from botocore.exceptions import ClientError
+from typer.testing import CliRunner
+
+import crashsafe as cs
+from crashsafe.cli.app import app
+from crashsafe.storage.bounds import bounded_s3_options
+from crashsafe.storage.retry import is_transient, with_retries
+
+runner = CliRunner()
+
+
+class SilentEndpoint:
+    """A listener on 127.0.0.1 that accepts every connection and never answers (a hung proxy, a
+    stalled load balancer); it counts the connections it accepted."""
+
+    def __init__(self) -> None:
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self._listener.getsockname()[1]
+        self.accepted: list[socket.socket] = []
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return  # closed
+            self.accepted.append(conn)  # held open, never read, never answered
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
+        self._listener.close()
+        self._thread.join(timeout=5)
+        for conn in self.accepted:
+            conn.close()
+
+
+@pytest.fixture
+def silent() -> Iterator[SilentEndpoint]:
+    endpoint = SilentEndpoint()
+    try:
+        yield endpoint
+    finally:
+        endpoint.close()
+
+
+def _options(port: int, **config: Any) -> dict[str, Any]:
+    client = {"endpoint_url": f"http://127.0.0.1:{port}", "region_name": "us-east-1"}
+    options: dict[str, Any] = {"key": "k", "secret": "s", "client_kwargs": client}
+    if config:
+        options["config_kwargs"] = config
+    return options
+
+
+@pytest.mark.timeout(120)
+def test_a_silent_endpoint_fails_within_its_bounds_and_names_itself(silent: SilentEndpoint) -> None:
+    """A listener that accepts and never answers held `crashsafe ls` for over 25 minutes (91
+    connections): botocore, s3fs and crashsafe each retried inside the other's attempts. Now each
+    request has its time-outs and crashsafe's attempts are the only retries: two attempts, two
+    connections, and an error that names the endpoint, for a reader, a writer and the CLI."""
+    bounds = {"connect_timeout": 0.3, "read_timeout": 0.3, "retries": {"total_max_attempts": 2}}
+    options = _options(silent.port, **bounds)
+    endpoint = f"127.0.0.1:{silent.port}"
+    with pytest.raises(cs.StorageError, match=f"failed 2 times.*{endpoint}|{endpoint}.*failed 2 times"):
+        cs.CheckpointManager("s3://bucket/run", storage_options=options, read_only=True)
+    assert len(silent.accepted) == 2  # one request per attempt, no retries inside them
+    for command in ("ls", "verify"):
+        result = runner.invoke(app, [command, "s3://bucket/run", "--storage-options", json.dumps(options)])
+        assert result.exit_code == 2, result.output
+        output = " ".join(result.output.split())  # (the error line may be wrapped)
+        assert endpoint in output and "does not answer" in output, output
+    assert len(silent.accepted) == 6
+    with pytest.raises(cs.StorageError, match=endpoint):
+        cs.CheckpointManager("s3://bucket/run", storage_options=options)  # a writer: the same bounds
+    assert len(silent.accepted) <= 6 + 2 * 3  # (s3fs asks whether the bucket exists before it creates)
+
+
+def test_an_unreachable_endpoint_fails_at_once_and_a_read_claims_nothing_of_commits() -> None:
+    """A refused connection took 38 s to fail (retries inside retries), and `ls` and `verify`
+    said "Nothing was committed", which means nothing for a read. Now: crashsafe's five attempts,
+    an error naming the endpoint, and no word of commits for a read."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed again: nothing listens there
+    options = json.dumps(_options(port))
+    for command in ("ls", "verify"):
+        result = runner.invoke(app, [command, "s3://bucket/run", "--storage-options", options])
+        assert result.exit_code == 2, result.output
+        output = " ".join(result.output.split())  # (the error line may be wrapped)
+        assert f"127.0.0.1:{port}" in output and "failed 5 times" in output, output
+        assert "committed" not in output, output
+
+
+def test_the_bounds_are_botocores_own_options_and_refuse_no_bound() -> None:
+    """Time-outs and attempts are botocore's ``config_kwargs``; crashsafe does the retrying (one
+    request per attempt); a time-out that is not a positive number is refused (no bound)."""
+    config = {"read_timeout": 2, "retries": {"max_attempts": 2}}  # 2 retries: 3 attempts
+    options, bounds = bounded_s3_options({"config_kwargs": config})
+    assert (bounds.attempts, bounds.connect_timeout, bounds.read_timeout) == (3, 5.0, 2.0)
+    assert options["config_kwargs"]["retries"] == {"total_max_attempts": 1}
+    assert bounded_s3_options({})[1].attempts == 5
+    for bad in ({"read_timeout": None}, {"connect_timeout": 0}, {"retries": {"total_max_attempts": 0}}):
+        with pytest.raises(cs.StorageError, match="config_kwargs"):
+            cs.CheckpointManager("s3://bucket/run", storage_options={"config_kwargs": bad}, read_only=True)
+
+
+def _client_error(status: int, code: str) -> ClientError:
+    """botocore's own error for an S3 answer with ``status`` and error ``code``."""
+    response: Any = {"Error": {"Code": code, "Message": "m"}, "ResponseMetadata": {"HTTPStatusCode": status}}
+    return ClientError(response, "GetObject")
+
+
+def _translated(error: ClientError) -> OSError:
+    """The error as s3fs raises it: an OSError raised from botocore's."""
+    wrapped = OSError(5, "translated")
+    wrapped.__cause__ = error
+    return wrapped
+
+
+def test_transience_is_decided_by_type_and_status_not_text() -> None:
+    """A ValueError naming ``step_000000000500`` counted as transient (its text held "500") and was
+    tried four times; a 503 counts by its status, a 404 or 403 never."""
+    calls: list[int] = []
+
+    def naming_a_step() -> None:
+        calls.append(1)
+        raise ValueError("bad shard step_000000000500/data-1.bin: Timeout reading header, 503")
+
+    with pytest.raises(cs.StorageError, match="step_000000000500"):
+        with_retries(naming_a_step, "reading a step")
+    assert len(calls) == 1  # not retried
+    assert is_transient(_translated(_client_error(503, "SlowDown")))
+    assert is_transient(_translated(_client_error(500, "InternalError")))
+    assert is_transient(_client_error(400, "RequestTimeout"))  # S3's slow-body answer
+    assert not is_transient(_translated(_client_error(403, "AccessDenied 503 Timeout")))
+    assert not is_transient(_translated(_client_error(404, "NoSuchBucket")))
+    assert is_transient(ConnectionResetError())
+    assert not is_transient(RuntimeError("Connection reset by peer"))  # text says nothing
+
+
+def test_fsspec_is_a_core_dependency() -> None:
+    """Every URL location (``file://``, ``memory://``, ``s3://``) imports fsspec, but only the s3
+    extra installed it: ``pip install crashsafe`` then failed on ``file://`` with an ImportError."""
+    project = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"]
+    names = [re.split(r"[<>=!~ \[;]", requirement, maxsplit=1)[0] for requirement in project["dependencies"]]
+    assert "fsspec" in names
