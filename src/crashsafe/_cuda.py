@@ -135,7 +135,7 @@ class DeviceCopies:
 
     def issue(self, *, ordered: bool = True) -> None:
         """Issue every queued copy on its device's copy stream, after the work already queued on
-        the current stream, and make the current stream wait for the copies (rule 15). Not
+        the current stream, and make the current stream wait for the copies (design rule 15). Not
         ``ordered``: sources only the copy stream writes (clones), the current stream left alone."""
         torch = _torch() if self._queued else None
         for index, copies in self._queued.items():

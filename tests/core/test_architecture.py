@@ -1,6 +1,6 @@
 """The shape of the house, recomputed from the import graph of src/ on every run.
 
-Data flows one way (DESIGN.md): every module sits in a layer and imports only from its own layer or
+Data flows one way (docs/design.md, "The layers"): every module sits in a layer and imports only from its own layer or
 lower ones; no import circle, even inside a package; no file over 600 lines. A module-level import
 and a function-level (lazy) one count alike: a lazy import is still an arrow.
 """

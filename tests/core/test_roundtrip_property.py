@@ -1,4 +1,4 @@
-"""Property (issue 12, rule 10): for any generated state, either ``save`` refuses it at the call with
+"""Property (docs/design.md, rule 10): for any generated state, either ``save`` refuses it at the call with
 UnsupportedStateError, or the step commits and ``load`` returns the documented round-trip of the
 input (docs/state.md), bitwise for arrays. Raw sync and async, zstd, and Incremental over two saves."""
 

@@ -227,7 +227,7 @@ def loads(data: bytes, where: str = "manifest") -> Manifest:
 
 def check_written(data: bytes, where: str) -> Manifest:
     """:func:`loads` for the bytes :func:`dumps` just made, the writer's check that a manifest
-    loads back (rule 10): every check but the checksum's, which ``dumps`` took of the very
+    loads back (docs/design.md, rule 10): every check but the checksum's, which ``dumps`` took of the very
     canonical bytes a reader recomputes (JSON parses them back to values that encode the same)."""
     body, _ = _parse_manifest(data, where)
     return _validate(body, where)

@@ -1,6 +1,6 @@
 """What a checkpoint store is: where a run's steps live, and the protocol that commits one.
 
-A store moves bytes (rule 14 of the design): it lists committed steps, reads byte ranges of a
+A store moves bytes (rule 14 of docs/design.md): it lists committed steps, reads byte ranges of a
 committed step's files, writes a new step's files and commits them, and deletes steps. It never
 decodes: manifest validation, checksums, codecs and delta chains live above it
 (``storage/reader.py``, ``storage/writer.py``, ``chain.py``), so a new backend is a small class.

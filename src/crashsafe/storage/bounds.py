@@ -1,5 +1,5 @@
 """How long any call to an object store may take: each request's connect and read time-outs, and
-how many times a call is tried in all (rule 18 of the design: every remote call is bounded).
+how many times a call is tried in all (rule 18 of docs/design.md: every remote call is bounded).
 
 For S3 the bounds are botocore's own options in ``storage_options["config_kwargs"]``:
 ``connect_timeout`` and ``read_timeout`` (seconds, default 5 and 15, as s3fs), and ``retries``

@@ -1,6 +1,6 @@
 """A local directory as a checkpoint store: a step is a directory that appears by one rename.
 
-The commit protocol (rule 1 of the engine): write payloads into ``.tmp-*/data.bin`` and the
+The commit protocol (rule 1 of docs/design.md): write payloads into ``.tmp-*/data.bin`` and the
 manifest into ``.tmp-*/manifest.json`` -> fsync the data, the manifest and the temporary directory
 -> rename it to ``step_<n>`` -> fsync the checkpoint directory. A crash at any instant leaves either
 no new step or a complete one; older steps are never touched. Each step of the protocol has a named

@@ -4,7 +4,7 @@ The store's :class:`~crashsafe.storage.base.Draft` moves the bytes and runs its 
 protocol (rename for directories, manifest-last for object stores). What holds for every store is
 here: each payload's xxh3 is computed on another core while it is written, and the manifest goes
 through the reader's own validator before the commit, so a step that would not load back is never
-committed (rule 10).
+committed (docs/design.md, rule 10).
 """
 
 from __future__ import annotations
