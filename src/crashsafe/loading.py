@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import time
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from crashsafe._cuda import DeviceUpload, is_cuda
-from crashsafe._log import logger
+from crashsafe._log import logger, warn
 from crashsafe.chain import ChainReader
 from crashsafe.distributed.shards import Targets, read_sharded
 from crashsafe.distributed.trees import plain_tree
@@ -145,12 +144,12 @@ def holding(stores: Sequence[Store], step: int) -> Store:
 _skipped = 0  # damaged steps skipped by reads in this process, for writers' delta chains
 
 
-def skip_damaged(message: str, stacklevel: int = 2) -> None:
+def skip_damaged(message: str) -> None:
     """Warn that a read skipped a damaged step (a CorruptCheckpointWarning), and count it: a writer
     whose delta chains may run through that step then starts new ones (:func:`on_damage`)."""
     global _skipped
     _skipped += 1
-    warnings.warn(message, CorruptCheckpointWarning, stacklevel=stacklevel + 1)
+    warn(message, CorruptCheckpointWarning)
 
 
 @contextlib.contextmanager
@@ -167,7 +166,7 @@ def on_damage(reset: Callable[[], None]) -> Iterator[None]:
         reset()
 
 
-def from_copies(stores: Sequence[Store], step: int, read: Callable[[Store], _T], stacklevel: int = 2) -> _T:
+def from_copies(stores: Sequence[Store], step: int, read: Callable[[Store], _T]) -> _T:
     """``read(store)`` of the first copy of ``step`` (local tier first) that reads intact: a damaged
     copy falls back to the next tier's copy of the same step, with a warning. With no tier holding
     it, the first store's error says the step is not committed."""
@@ -179,7 +178,7 @@ def from_copies(stores: Sequence[Store], step: int, read: Callable[[Store], _T],
             return read(store)
         except (CorruptCheckpointError, StorageError) as exc:
             message = f"skipping a damaged copy: {exc}. Reading step {step} from the next tier."
-            skip_damaged(message, stacklevel + 1)
+            skip_damaged(message)
             logger().warning("fell back from the copy of step %d in %s because %s", step, store.location, exc)
     return read(copies[-1])
 
@@ -201,7 +200,7 @@ def array_ids(node: Any) -> set[int]:
     return set()
 
 
-def listed_steps(stores: Sequence[Store], stacklevel: int = 2) -> list[list[int]]:
+def listed_steps(stores: Sequence[Store]) -> list[list[int]]:
     """Each store's committed steps. The first store is the primary tier and its errors count; a
     mirror that cannot be listed (an outage) is read as empty, with a warning."""
     listed = [stores[0].steps()] if stores else []
@@ -209,33 +208,32 @@ def listed_steps(stores: Sequence[Store], stacklevel: int = 2) -> list[list[int]
         try:
             listed.append(store.steps())
         except StorageError as exc:
-            warnings.warn(
+            warn(
                 f"the mirror {store.location} cannot be listed now ({exc}); reading the local tier only",
                 MirrorWarning,
-                stacklevel=stacklevel + 1,
             )
             listed.append([])
     return listed
 
 
 def newest_intact(
-    stores: Sequence[Store], numpy: bool, stacklevel: int = 2, device: Any = None
+    stores: Sequence[Store], numpy: bool, device: Any = None
 ) -> tuple[int, dict[str, Any]] | None:
     """(step, state) of the newest step that reads back intact from any of ``stores`` (tried in
     order for one step: a local copy before its mirror), or None if there is no step at all."""
     read = lambda store, step, last: read_state(store, step, numpy, device=device)  # noqa: E731
-    return newest(stores, read, stacklevel + 1)
+    return newest(stores, read)
 
 
 def newest(
-    stores: Sequence[Store], read: Callable[[Store, int, bool], _T], stacklevel: int = 2
+    stores: Sequence[Store], read: Callable[[Store, int, bool], _T]
 ) -> tuple[int, _T] | None:
     """(step, ``read(store, step, last)``) of the newest step ``read`` finds intact in any of
     ``stores``, damaged ones skipped with a warning; ``last`` tells ``read`` that no other step is
     left to fall back to if this one is damaged. None if there is no step at all."""
     damage: dict[tuple[int, int], str] = {}
     for _ in range(READ_ATTEMPTS):
-        listed = listed_steps(stores, stacklevel + 1)
+        listed = listed_steps(stores)
         candidates = sorted(((step, -i) for i, steps in enumerate(listed) for step in steps), reverse=True)
         if not candidates:
             return None
@@ -249,7 +247,7 @@ def newest(
             except (CorruptCheckpointError, StorageError) as exc:
                 damage[step, tier] = str(exc)
                 message = f"skipping damaged checkpoint: {exc}. Falling back to an older step."
-                skip_damaged(message, stacklevel + 1)
+                skip_damaged(message)
                 logger().warning("fell back from step %d because %s", step, exc)
             except NoCheckpointError:
                 gone.add((step, tier))  # deleted by the writer's retention while we read it

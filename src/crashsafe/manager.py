@@ -12,13 +12,12 @@ import dataclasses
 import functools
 import os
 import time
-import warnings
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
 from typing import Any, TypeVar
 
-from crashsafe._log import logger
+from crashsafe._log import logger, warn
 from crashsafe._metrics import clean_metrics
 from crashsafe._runtime import forked, refuse_forked
 from crashsafe.chain import direct_bases, doomed_steps, protected_steps
@@ -227,7 +226,7 @@ class CheckpointManager:
 
         self._by_leader(check, f"saving step {step}")
         message = f"step {step} was committed but damaged; it was deleted and is saved again"
-        warnings.warn(message, CorruptCheckpointWarning, stacklevel=3)
+        warn(message, CorruptCheckpointWarning)
 
     def maybe_save(
         self, step: int, state: Mapping[str, Any], metrics: Mapping[str, Any] | None = None
@@ -330,7 +329,7 @@ class CheckpointManager:
         except CrashsafeError as exc:
             done = f"step {saved} is committed, but " if saved is not None else ""
             failed = f"{done}deleting old steps failed: {exc}. Retention tries again after the next save"
-            warnings.warn(f"{failed} (or run `crashsafe gc`)", RetentionWarning, stacklevel=2)
+            warn(f"{failed} (or run `crashsafe gc`)", RetentionWarning)
             logger().warning("%s", failed)
 
     def _committed(self, manifest: Manifest) -> None:
@@ -488,7 +487,7 @@ class CheckpointManager:
                 if not steps:
                     raise NoCheckpointError(f"no committed checkpoint in {self.directory}")
                 step = steps[-1]
-            return from_copies(stores, step, lambda store: read_manifest(store, step), stacklevel=4)
+            return from_copies(stores, step, lambda store: read_manifest(store, step))
 
     def load(
         self,
@@ -514,11 +513,11 @@ class CheckpointManager:
             if self._collective is not None:
                 return self._collective.load(stores[0], picked, numpy, None, device)
             if mmap:
-                return map_step(stores, picked, stacklevel=5)
+                return map_step(stores, picked)
             if picked is None:
-                return newest_intact(stores, numpy, 5, device)
+                return newest_intact(stores, numpy, device)
             read = functools.partial(read_state, step=picked, numpy=numpy, device=device)
-            return picked, from_copies(stores, picked, read, 5)
+            return picked, from_copies(stores, picked, read)
 
         loaded = self._read(load)
         if loaded is None:
@@ -544,7 +543,7 @@ class CheckpointManager:
         if not isinstance(state, MutableMapping):
             raise UnsupportedStateError(f"restore needs a dict of live objects, not a {type(state).__name__}")
         began, picked = time.perf_counter(), pick_step(step, metric, mode, self.best_step)
-        found = self._read(lambda stores: restore_into(stores, state, picked, self._collective, stacklevel=5))
+        found = self._read(lambda stores: restore_into(stores, state, picked, self._collective))
         return note_read(found, picked, self.directory, began)
 
     def _read(self, read: Callable[[list[Store]], _T]) -> _T:

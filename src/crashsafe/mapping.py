@@ -34,14 +34,12 @@ from crashsafe.storage.local import LocalStore
 __all__ = ["map_state", "map_step"]
 
 
-def map_step(
-    stores: Sequence[Store], step: int | None, stacklevel: int = 2
-) -> tuple[int, dict[str, Any]] | None:
+def map_step(stores: Sequence[Store], step: int | None) -> tuple[int, dict[str, Any]] | None:
     """(step, :func:`map_state`) of ``step`` (in the first store that holds it), or of the newest
     step that maps intact; None if there is no step at all."""
     if step is not None:
         return step, map_state(holding(stores, step), step)
-    return newest(stores, lambda store, at, last: map_state(store, at), stacklevel + 1)
+    return newest(stores, lambda store, at, last: map_state(store, at))
 
 
 def map_state(store: Store, step: int) -> dict[str, Any]:

@@ -19,9 +19,8 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-import warnings
 
-from crashsafe._log import logger
+from crashsafe._log import logger, warn
 from crashsafe.chain import doomed_steps, protected_steps
 from crashsafe.errors import CorruptCheckpointError, CrashsafeError, MirrorWarning, NoCheckpointError
 from crashsafe.format.manifest import Manifest, PayloadEntry
@@ -112,7 +111,7 @@ class Mirror:
         with self._cond:
             errors, self._errors = self._errors, []
         for error in errors:
-            warnings.warn(error, MirrorWarning, stacklevel=3)
+            warn(error, MirrorWarning)
             logger().warning("%s", error)
 
     def _note(self, message: str) -> None:

@@ -76,7 +76,6 @@ def restore_into(
     state: MutableMapping[str, Any],
     step: int | None,
     collective: Collective | None = None,
-    stacklevel: int = 2,
 ) -> int | None:
     """Restore ``step`` (None: the newest intact one, falling back past damaged ones) into the live
     ``state`` in place; return its step, or None if there is no step at all. A distributed manager's
@@ -95,9 +94,9 @@ def restore_into(
         if collective is not None:
             found = collective.first_intact(stores[0], step, lambda at, last: attempt(stores[0], at, last))
         elif step is not None:
-            found = (step, from_copies(stores, step, lambda copy: attempt(copy, step, True), stacklevel + 1))
+            found = (step, from_copies(stores, step, lambda copy: attempt(copy, step, True)))
         else:
-            found = newest(stores, attempt, stacklevel + 1)
+            found = newest(stores, attempt)
     except CrashsafeError as exc:
         if changes.made and isinstance(exc, UnsupportedStateError):
             exc.args = (

@@ -128,8 +128,7 @@ class Collective:
                 raise CorruptCheckpointError(f"step {step} cannot be read by every rank: {bad}")
             damage.append(bad)
             skip_damaged(
-                f"skipping damaged checkpoint step {candidate} ({bad}); all ranks fall back to an older one",
-                stacklevel=4,
+                f"skipping damaged checkpoint step {candidate} ({bad}); all ranks fall back to an older one"
             )
             logger().warning("fell back from step %d because %s", candidate, bad)
         if not candidates:

@@ -10,9 +10,9 @@ other keys or python values, saved another: a load in one process gets rank 0's,
 from __future__ import annotations
 
 import json
-import warnings
 from typing import Any
 
+from crashsafe._log import warn
 from crashsafe.errors import CrashsafeWarning
 from crashsafe.format.manifest import Manifest
 
@@ -22,14 +22,14 @@ _ARRAY_NODES = ("array", "view")
 _NAMED = 5  # ranks and paths a warning names
 
 
-def plain_tree(manifest: Manifest, stacklevel: int = 2) -> dict[str, Any]:
+def plain_tree(manifest: Manifest) -> dict[str, Any]:
     """Rank 0's tree, for a process that is not one of the step's ranks; with a warning when
     another rank saved a state other than rank 0's."""
     if manifest.world > 1:
         first = _comparable(manifest.tree, manifest)
         apart = [r for r in range(1, manifest.world) if _comparable(manifest.tree_of(r), manifest) != first]
         if apart:
-            warnings.warn(_message(manifest, apart), CrashsafeWarning, stacklevel=stacklevel + 1)
+            warn(_message(manifest, apart), CrashsafeWarning)
     return manifest.tree
 
 

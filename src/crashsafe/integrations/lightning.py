@@ -26,7 +26,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-import warnings
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -39,7 +38,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.plugins import CheckpointIO, TorchCheckpointIO
 from lightning_utilities.core.apply_func import apply_to_collection
 
-from crashsafe._log import logger, through
+from crashsafe._log import logger, through, warn
 from crashsafe.encoding import CodecSpec
 from crashsafe.errors import (
     CorruptCheckpointError,
@@ -187,21 +186,20 @@ def _load_named(manager: CheckpointManager, names: dict[int, str], name: str) ->
     damage: list[str] = []
     for candidates in (mine, others):
         if candidates is others and others:
-            warnings.warn(
+            warn(
                 f"no intact checkpoint saved as {name!r}; loading {names[others[0]]!r} (or an older one), "
                 "the newest intact checkpoint of the directory"
                 if mine
                 else f"the save of {name!r} did not commit before its run stopped; loading "
                 f"{names[others[0]]!r} (or an older one), the newest committed checkpoint of the directory",
                 CorruptCheckpointWarning if mine else CrashsafeWarning,
-                stacklevel=4,
             )
         for step in candidates:
             try:
                 return manager.load(step)
             except CorruptCheckpointError as exc:
                 damage.append(str(exc))
-                warnings.warn(f"skipping damaged checkpoint: {exc}", CorruptCheckpointWarning, stacklevel=4)
+                warn(f"skipping damaged checkpoint: {exc}", CorruptCheckpointWarning)
                 logger().warning("fell back from step %d because %s", step, exc)
     if not names:
         raise NoCheckpointError(

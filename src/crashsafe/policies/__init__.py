@@ -1,7 +1,7 @@
 """Save policies (when to checkpoint) and keep policies (what retention keeps)."""
 
-import warnings
 
+from crashsafe._log import warn
 from crashsafe.policies.base import AllOf, AnyOf, EverySeconds, EverySteps, SaveContext, SavePolicy
 from crashsafe.policies.coci import ConvergenceAware, coci_protected_loss, coci_schedule, value_factor
 from crashsafe.policies.errors import FitError, PolicyError, PolicyWarning
@@ -61,10 +61,9 @@ _RENAMED = {"Any": AnyOf, "All": AllOf}  # old names (they shadowed typing.Any),
 def __getattr__(name: str) -> type:
     if name in _RENAMED:
         new = _RENAMED[name]
-        warnings.warn(
+        warn(
             f"crashsafe.policies.{name} is now {new.__name__}; the old name goes in the next release",
             DeprecationWarning,
-            stacklevel=2,
         )
         return new
     raise AttributeError(f"module 'crashsafe.policies' has no attribute {name!r}")

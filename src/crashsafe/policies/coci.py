@@ -25,12 +25,12 @@ and issues one :class:`PolicyWarning` naming the reason (also in ``policy.fallba
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Mapping
 from typing import Any, Literal
 
 import numpy as np
 
+from crashsafe._log import warn
 from crashsafe.policies.base import SaveContext
 from crashsafe.policies.errors import FitError, PolicyError, PolicyWarning
 from crashsafe.policies.fitting import ExpFit, fit_exponential
@@ -271,7 +271,7 @@ class ConvergenceAware:
     def _warn(self, message: str) -> None:
         if message not in self._warned:
             self._warned.add(message)
-            warnings.warn(message, PolicyWarning, stacklevel=4)
+            warn(message, PolicyWarning)
 
     # ------------------------------------------------------------------ state
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -21,6 +20,7 @@ import numpy as np
 import ray
 from numpy.typing import NDArray
 
+from crashsafe._log import warn
 from crashsafe.ps.books import RunBooks
 from crashsafe.ps.calls import LOST, get_or_lost, wait_dead, wait_relaunched
 from crashsafe.ps.cluster import connect
@@ -98,7 +98,7 @@ class PSJob:
             try:
                 ray.get([s.close.remote() for s in self.servers], timeout=60)
             except Exception as exc:  # a closing job must not mask the error that closed it
-                warnings.warn(f"closing parameter servers: {exc}", RuntimeWarning, stacklevel=2)
+                warn(f"closing parameter servers: {exc}", RuntimeWarning)
         for actor in self.servers + self.spares + self.workers:
             ray.kill(actor, no_restart=True)
         self.servers, self.spares, self.workers = [], [], []
@@ -408,7 +408,7 @@ class PSJob:
             )
         step = self._checkpoint_step()
         msg += f"; rolling back every server and worker to checkpoint step {step}"
-        warnings.warn(msg, DataLossWarning, stacklevel=3)
+        warn(msg, DataLossWarning)
         self._rollback(step, bad, workers, when, "checkpoint", msg)
 
     def _report(self, w: int, s: int) -> dict[str, Any]:

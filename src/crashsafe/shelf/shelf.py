@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import os
 import time
-import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +38,7 @@ import numpy as np
 
 import crashsafe._faults as faults
 from crashsafe._closing import Closing
+from crashsafe._log import warn
 from crashsafe._units import parse_size
 from crashsafe.shelf.arena import Arena, Durability
 from crashsafe.shelf.blocks import Blocks
@@ -161,21 +161,19 @@ class Shelf(Closing, MutableMapping[str, Any]):
         if found is not None and found.lost:
             first = found.seq - found.lost + 1
             which = f"transaction {first}" if found.lost == 1 else f"transactions {first}..{found.seq}"
-            warnings.warn(
+            warn(
                 f"shelf {self.path}: {which} (loop iterations) committed, but the loop's newest record "
                 f"is damaged (it fails its checksum): the shelf holds transaction {first - 1}, the newest "
                 "it can prove, and what came after it is lost. Run those iterations again, or restore the "
                 "file from a copy.",
                 ShelfRecoveredWarning,
-                stacklevel=3,
             )
         elif found is not None:
-            warnings.warn(
+            warn(
                 f"shelf {self.path}: transaction {found.seq} did not commit (a crash interrupted "
                 f"it, or its metadata is damaged) and has been rolled back ({len(found.restored)} "
                 f"variables restored in place); the shelf holds the state committed before it.",
                 ShelfRecoveredWarning,
-                stacklevel=3,
             )
         if verify:
             self.verify()

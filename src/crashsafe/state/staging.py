@@ -12,13 +12,13 @@ device-memory speed), and the background writer pins its buffer and copies it do
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from crashsafe._cuda import DeviceCopies, default_pinned_limit, device_room, is_cuda, pinned_buffer
+from crashsafe._log import warn
 from crashsafe._memory import alloc_bytes
 from crashsafe.format.dtypes import storage_dtype
 from crashsafe.state.rebuild import to_value, unflatten
@@ -165,12 +165,11 @@ class StagingPool:
             return True
         if not self._warned:
             self._warned = True
-            warnings.warn(
+            warn(
                 f"staging CUDA tensors needs more than pinned_bytes={limit} bytes of pinned host memory; "
                 "the rest is staged in pageable memory, which the GPU copies into about 3x slower and "
                 "synchronously. Raise pinned_bytes if the machine has the memory",
                 ResourceWarning,
-                stacklevel=2,
             )
         return False
 

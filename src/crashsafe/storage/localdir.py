@@ -3,7 +3,7 @@
 A checkpoint directory may hold hostile entries: a ``step_*`` symlinked to another run, a
 ``.lock`` symlinked to a system file, a FIFO where a manifest belongs. Opening entries by name
 relative to a held directory fd with ``O_NOFOLLOW``, and checking what was opened with ``fstat``
-before using it, keeps crashsafe inside the directory (docs/design.md, rule 11): it never reads, writes or deletes
+before using it, keeps crashsafe inside the directory (design rule 11): it never reads, writes or deletes
 through a link and never blocks on a FIFO. Holding the fd also tells a writer when its directory
 was deleted or replaced under it (:meth:`LocalDir.is_current`).
 

@@ -1,7 +1,7 @@
 """Read a committed step of any store: validate its manifest, then read and checksum payloads
 (whole, or a range of the chunks of a payload with chunk checksums, each chunk verified alone).
 
-This layer verifies bytes; it never decodes them (docs/design.md, rule 14). The store underneath only moves bytes
+This layer verifies bytes; it never decodes them (design rule 14). The store underneath only moves bytes
 (:mod:`crashsafe.storage.base`); everything a store could get wrong (a short file, a forged or
 damaged manifest, a payload that does not match its checksum) is caught here, for every backend.
 """
