@@ -29,6 +29,7 @@ __all__ = [
     "device_room",
     "is_cuda",
     "pinned_buffer",
+    "pinned_size",
     "synchronize",
 ]
 
@@ -39,6 +40,7 @@ _SMALL = 1 << 20  # payloads below this are copied in one call, without the ring
 _STREAMS: dict[int, Any] = {}  # device index -> its copy stream
 _RINGS: list[_Ring] = []  # bounce-buffer rings not in use, reused across restores
 _LOCK = threading.Lock()
+_UPLOADS = threading.local()  # per thread: device index -> its upload stream
 
 
 def _torch() -> Any:
@@ -51,6 +53,18 @@ def is_cuda(value: Any) -> bool:
     """True for a torch tensor in CUDA device memory."""
     device = getattr(value, "device", None)
     return getattr(device, "type", None) == "cuda"
+
+
+def upload_stream(device: Any) -> Any:
+    """This thread's stream for host-to-device copies on ``device``: restore's reading threads each
+    have their own, so one waiting for its copies never waits for another's."""
+    torch = _torch()
+    index = torch.device(device).index
+    index = torch.cuda.current_device() if index is None else index
+    streams: dict[int, Any] = _UPLOADS.__dict__.setdefault("streams", {})
+    if index not in streams:
+        streams[index] = torch.cuda.Stream(device=index)
+    return streams[index]
 
 
 def copy_stream(device: Any) -> Any:
@@ -95,12 +109,18 @@ def synchronize(tensors: list[Any]) -> None:
 
 
 def device_room(device: Any) -> int:
-    """Bytes ``device`` can give a temporary copy without evicting anything: what the driver has
-    free plus what torch's caching allocator holds unused, less a tenth of the card as margin."""
+    """Bytes ``device`` can give a temporary copy without touching training's memory: what the
+    driver has free, less a tenth of the card as margin. What torch's caching allocator holds
+    unused does not count: it is the training stream's (next step's activations), and a copy
+    stream cannot reuse it without freeing the whole cache first."""
     torch = _torch()
     free, total = torch.cuda.mem_get_info(device)
-    cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-    return int(free + cached - total // 10)
+    return int(free - total // 10)
+
+
+def pinned_size(nbytes: int) -> int:
+    """The pinned bytes torch's pinned allocator takes for a request of ``nbytes``: a power of two."""
+    return 1 << max(nbytes - 1, 0).bit_length()
 
 
 @dataclass
@@ -198,7 +218,7 @@ class DeviceUpload:
     def __init__(self, target: Any) -> None:
         torch = _torch()
         self._target = target
-        self._stream = copy_stream(target.device)
+        self._stream = upload_stream(target.device)
         self._stream.wait_stream(torch.cuda.current_stream(target.device))  # after work on the old values
         self._ring: _Ring | None = None
         self._turn = 0

@@ -232,11 +232,12 @@ class ChainReader(Closing):
 
     def _upload(self, step: int, entry: PayloadEntry, upload: DeviceUpload) -> None:
         reader = self._reader(step)
-        if isinstance(self._codec(reader, entry), Raw) and entry.nbytes == entry.raw_nbytes:
-            stream = reader.stream(entry)
+        stream = reader.stream(entry)
+        if stream.local and isinstance(self._codec(reader, entry), Raw) and entry.nbytes == entry.raw_nbytes:
             upload.fill(entry.nbytes, stream.read)
             stream.finish()
             return
+        # decoded on the host, or from a store that cannot map (one request for it all), then one copy
         dtype, shape = _layout(entry)
         upload.put(self._into(step, entry, np.empty(shape, dtype=dtype)))
 

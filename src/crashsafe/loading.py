@@ -22,6 +22,7 @@ from crashsafe.errors import (
     CorruptCheckpointError,
     CorruptCheckpointWarning,
     CrashsafeError,
+    InvalidArgumentError,
     MirrorWarning,
     NoCheckpointError,
     StorageError,
@@ -35,6 +36,7 @@ __all__ = [
     "ARRAY_NODES",
     "READ_ATTEMPTS",
     "array_ids",
+    "check_device",
     "from_copies",
     "holding",
     "listed_steps",
@@ -102,6 +104,15 @@ def read_value(
     return value.to(device) if onto else value
 
 
+def check_device(device: Any, numpy: bool, mmap: bool) -> None:
+    """Refuse ``device=`` beside ``numpy=True`` or ``mmap=True``, which give host arrays."""
+    if device is not None and (numpy or mmap):
+        raise InvalidArgumentError(
+            f"load(device={device!r}) makes torch tensors on that device; numpy=True and mmap=True give "
+            "host arrays. Drop device=, or the other option"
+        )
+
+
 def _on_device(chains: ChainReader, step: int, entry: PayloadEntry, device: Any) -> Any:
     """A payload as a new tensor on ``device``: a CUDA device's memory is filled through pinned
     bounce buffers (raw payloads; others are decoded on the host, then copied once)."""
@@ -112,12 +123,14 @@ def _on_device(chains: ChainReader, step: int, entry: PayloadEntry, device: Any)
     tensor = torch.empty(entry.shape, dtype=torch_dtype(entry.dtype), device=device)
     if not is_cuda(tensor):
         return to_value(entry.kind, entry.dtype, chains.decode(step, entry)).to(tensor.device)
-    if tensor.numel():
-        upload = DeviceUpload(tensor.view(-1).view(torch.uint8))
-        try:
-            chains.decode(step, entry, upload=upload)
-        finally:
-            upload.finish()  # nothing lands in that memory later, even after damage
+    if not tensor.numel():
+        chains.decode(step, entry)  # no bytes to place, but its stored bytes are verified all the same
+        return tensor
+    upload = DeviceUpload(tensor.view(-1).view(torch.uint8))
+    try:
+        chains.decode(step, entry, upload=upload)
+    finally:
+        upload.finish()  # nothing lands in that memory later, even after damage
     return tensor
 
 

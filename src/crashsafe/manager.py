@@ -8,12 +8,10 @@ is in flight: a new save first waits for the previous one, whose error (if any) 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -32,13 +30,21 @@ from crashsafe.errors import (
     CrashsafeError,
     NoCheckpointError,
     RetentionWarning,
-    SaveFailedError,
     UnsupportedStateError,
 )
 from crashsafe.format.manifest import Manifest, checked_step
-from crashsafe.loading import from_copies, listed_steps, newest_intact, note_read, on_damage, read_state
+from crashsafe.loading import (
+    check_device,
+    from_copies,
+    listed_steps,
+    newest_intact,
+    note_read,
+    on_damage,
+    read_state,
+)
 from crashsafe.mapping import map_step
 from crashsafe.mirroring import Mirror
+from crashsafe.pending import PendingSave
 from crashsafe.policies.base import EverySteps, SaveContext, SavePolicy
 from crashsafe.policies.keep import Mode, StepFacts
 from crashsafe.policies.retention import UNSET, KeepSpec, Unset, retention_policy
@@ -130,10 +136,7 @@ class CheckpointManager:
         self._store: Store | None = None  # a writer's store, held open for its lifetime
         self._mirror: Mirror | None = None
         self._pool = StagingPool(pinned_bytes) if async_save else None
-        self._executor: ThreadPoolExecutor | None = None
-        self._pending: Future[SaveStats] | None = None
-        self._pending_step: int | None = None
-        self._stats: list[SaveStats] = []
+        self._pending = PendingSave(background=async_save)
         self._started = time.perf_counter()
         self._stalled = 0.0
         self._last_save: tuple[int, float] | None = None
@@ -155,8 +158,6 @@ class CheckpointManager:
         except BaseException:
             self.close()
             raise
-        if async_save:
-            self._executor = ThreadPoolExecutor(1, thread_name_prefix="crashsafe-persist")
         self._sigterm = SigtermWatch(save_on_sigterm)
 
     def _open_writer(self) -> None:
@@ -183,7 +184,8 @@ class CheckpointManager:
         self._check_store(store, f"saving step {step}")
         cleaned = clean_metrics(metrics)
         replicas = self._collective.replicas if self._collective else None
-        snapshot, planned = take_snapshot(state, store, self._pool, replicas, checked=bool(self._stats))
+        checked = bool(self._pending.stats)  # a save committed: the state's layout was checked in full
+        snapshot, planned = take_snapshot(state, store, self._pool, replicas, checked=checked)
         known = self._listed is None or step in self._listed  # else new: this writer holds the lock
         exists = known and store.has_step(step) if planned is None else step in planned.committed
         if exists:  # (PLAN_LATER lists nothing: its re-save is checked in the background)
@@ -195,14 +197,7 @@ class CheckpointManager:
         def persist() -> SaveStats:
             return self._persist(store, step, planned, snapshot, cleaned, stall)
 
-        if self._executor is None:  # sync: the loop also waits for the write and the commit
-            stats = persist()
-            blocked = time.perf_counter() - begin
-            self._stalled += blocked - stall
-            self._stats.append(dataclasses.replace(stats, stall=blocked))
-        else:
-            self._pending = self._executor.submit(persist)
-            self._pending_step = step
+        self._stalled += self._pending.start(step, persist, begin)  # sync: it waited for the commit too
         if self._sigterm.arrived:
             self._exit_after_preemption()
 
@@ -245,9 +240,9 @@ class CheckpointManager:
 
     def context(self, step: int, metrics: Mapping[str, Any] | None = None) -> SaveContext:
         """The facts a policy decides on, as measured by this manager."""
-        if self._pending is not None and self._pending.done():
+        if self._pending.done:
             self._wait_pending()  # a finished background save: its measured cost is visible now
-        stats = self._stats[-5:]
+        stats = self._pending.stats[-5:]
         return SaveContext(
             step=step,
             train_time=self._train_time(),
@@ -255,7 +250,7 @@ class CheckpointManager:
             last_save_train_time=self._last_save[1] if self._last_save else None,
             stall=sum(s.stall for s in stats) / len(stats) if stats else None,
             persist=sum(s.persist for s in stats) / len(stats) if stats else None,
-            saves=len(self._stats),
+            saves=len(self._pending.stats),
             metrics=dict(metrics or {}),
         )
 
@@ -278,7 +273,7 @@ class CheckpointManager:
     @property
     def stats(self) -> list[SaveStats]:
         """Costs of the saves this manager committed, oldest first."""
-        return list(self._stats)
+        return list(self._pending.stats)
 
     @property
     def preempted(self) -> bool:
@@ -401,18 +396,8 @@ class CheckpointManager:
         return fn() if self._collective is None else self._collective.agree(fn, what)
 
     def _wait_pending(self) -> None:
-        pending, step = self._pending, self._pending_step
-        if pending is None or forked(self._pid):  # in a forked child: the parent's save, no thread of ours
-            return
-        self._pending = self._pending_step = None
-        try:
-            self._stats.append(pending.result())
-        except CrashsafeError:
-            raise
-        except Exception as exc:
-            raise SaveFailedError(
-                f"saving step {step} in the background failed: {exc!r}. Committed checkpoints are intact."
-            ) from exc
+        if not forked(self._pid):  # in a forked child: the parent's save, no thread of ours
+            self._pending.wait()
 
     def _writable(self) -> Store:
         if self._closed:
@@ -507,6 +492,7 @@ class CheckpointManager:
         payloads as read-only numpy views of the mapped files, never copied (crashsafe/mapping.py).
         ``device`` (e.g. ``"cuda:0"``): tensors are made there, read straight into device memory.
         """
+        check_device(device, numpy, mmap)
         began, picked = time.perf_counter(), pick_step(step, metric, mode, self.best_step)
 
         def load(stores: list[Store]) -> tuple[int, dict[str, Any]] | None:
@@ -568,8 +554,7 @@ class CheckpointManager:
                 self._wait_pending()
         finally:
             self._closed = True
-            if self._executor is not None:
-                self._executor.shutdown(wait=True)
+            self._pending.close()
             if self._collective is not None:
                 self._collective.close()
             if self._mirror is not None:

@@ -8,6 +8,7 @@ every rank writes its part and rank 0 commits, is :mod:`crashsafe.distributed.sa
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from crashsafe.distributed.saving import PLAN_LATER, Listing, ReplicaPlanner
 from crashsafe.encoding import SavePlanner
 from crashsafe.format.manifest import Manifest, PayloadEntry
 from crashsafe.state.snapshot import fast_copy
-from crashsafe.state.staging import StagingPool, view_bytes
+from crashsafe.state.staging import StagingPool, landed, view_bytes
 from crashsafe.state.tree import ArrayLeaf, flatten
 from crashsafe.storage.base import Store
 from crashsafe.storage.writer import StepWriter
@@ -98,7 +99,8 @@ def take_snapshot(
     if pool is not None and replicas is None and checked:
         copied = fast_copy(state, pool)  # None: a state it cannot judge, checked in full below
         if copied is not None:
-            return lambda: _snapshot_of(copied, pool), None
+            box = [copied]
+            return lambda: _snapshot_of(box, pool), None
     tree, leaves = flatten(state)
     planned: Listing | None = None
     staged = leaves
@@ -117,33 +119,43 @@ def take_snapshot(
 
 
 def _landed(pool: StagingPool, leaves: list[ArrayLeaf], copies: list[Any]) -> list[np.ndarray[Any, Any]]:
-    """The staged bytes of ``leaves``, once the pool's device copies landed (a clone: in its buffer)."""
+    """The staged bytes of ``leaves``, once every device copy landed (a clone's: in its buffer)."""
     pool.settle()
-    return [
-        copy if isinstance(copy, np.ndarray) else pool.landed(leaf.path)
-        for leaf, copy in zip(leaves, copies, strict=True)
-    ]
+    arrays = [landed(pool, leaf, copy) for leaf, copy in zip(leaves, copies, strict=True)]
+    pool.release()
+    return arrays
 
 
 def _arriving(
     pool: StagingPool, leaves: list[ArrayLeaf], copies: list[Any]
 ) -> Iterator[np.ndarray[Any, Any]]:
     """The staged bytes of ``leaves`` in order, each once its device copy landed: the writer works
-    on the first while later ones still cross the link."""
+    on the first while later ones still cross the link. The clones go as soon as they landed."""
     pool.settle(every=False)
+    copies[:] = [landed(pool, leaf, copy) for leaf, copy in zip(leaves, copies, strict=True)]
     for leaf, copy in zip(leaves, copies, strict=True):
         pool.ready(leaf.path)
-        yield copy if isinstance(copy, np.ndarray) else pool.landed(leaf.path)
+        yield copy
+    pool.release()
 
 
-def _snapshot_of(copied: Any, pool: StagingPool) -> Snapshot:
-    tree, leaves = flatten(copied, check=False)  # the writer validates the manifest before its commit
+def _snapshot_of(box: list[Any], pool: StagingPool) -> Snapshot:
+    """The snapshot of the copy ``fast_copy`` made (taken out of ``box``: once its clones landed,
+    nothing holds them), its arrays each given once its device copy landed."""
+    tree, leaves = flatten(box.pop(), check=False)  # the writer validates the manifest before its commit
     pool.settle(every=False)
     copies = [pool.landed(leaf.path) if is_cuda(leaf.source) else None for leaf in leaves]
+    leaves = [
+        leaf if copy is None else dataclasses.replace(leaf, source=copy)
+        for leaf, copy in zip(leaves, copies, strict=True)
+    ]
+    if pool.waiting - {leaf.path for leaf in leaves}:  # a copy no path here names: wait for them all
+        pool.release()
 
     def arrays() -> Iterator[np.ndarray[Any, Any]]:
         for leaf, copy in zip(leaves, copies, strict=True):
             pool.ready(leaf.path)
             yield view_bytes(leaf) if copy is None else copy
+        pool.release()
 
     return tree, leaves, arrays()

@@ -269,7 +269,7 @@ class CrashsafeCheckpointIO(CheckpointIO):
         self._lossless = tuple(lossless)
         self.restore_rng = restore_rng
         self._dirs: dict[Path, _Directory] = {}
-        self._pools = [StagingPool() for _ in range(in_flight)]
+        self._pools = [StagingPool(clones=False) for _ in range(in_flight)]  # copies land in save_checkpoint
         self._using: list[Future[None] | None] = [None] * in_flight  # the save each pool is staging
         self._saves = 0
         self._executor: ThreadPoolExecutor | None = None
@@ -298,6 +298,7 @@ class CrashsafeCheckpointIO(CheckpointIO):
         snapshot = fast_copy(state, pool) if self._saves else None
         if snapshot is None:  # the first save is checked in full here, so its errors come now
             snapshot = detached_copy(state, pool)
+        pool.settle()  # CUDA tensors' copies landed: the writer thread reads the copy as it is
         first = not held.names  # nothing committed here yet: a crash before this commit has no fallback
         if not first and not names_itself(target):  # Lightning may link last.ckpt to it once we return
             _write(lambda: write_pointer(target, target.name, durable=False), target)

@@ -90,8 +90,7 @@ class _Walk:
                 raise _Unusual  # flatten checks its digits
             return value
         if kind is dict:
-            path = _join(parent, key)
-            return {self.key(k): self.value(v, path, k, depth + 1) for k, v in value.items()}
+            return self.mapping(value, _join(parent, key), depth)
         if kind in self.tensor_types:
             return self.tensor(value, _join(parent, key))
         if kind is list:
@@ -120,7 +119,7 @@ class _Walk:
         if is_tensor(value) or isinstance(value, (int, list, tuple, np.ndarray)):
             raise _Unusual  # subclasses: flatten decides what they become
         if isinstance(value, Mapping):
-            return {self.key(k): self.value(v, path, k, depth + 1) for k, v in value.items()}
+            return self.mapping(value, path, depth)
         if is_stateful(value):
             return StatefulCopy(self.other(value.state_dict(), path, depth + 1), stateful_class(value))
         if isinstance(value, argparse.Namespace):
@@ -132,6 +131,15 @@ class _Walk:
                 object.__setattr__(twin, field.name, item)
             return twin
         raise _Unusual
+
+    def mapping(self, value: Mapping[Any, Any], path: str, depth: int) -> dict[Any, Any]:
+        """The copy of a dict, its keys as ``flatten`` makes them (``str`` of a str subclass,
+        ``int`` of an int one), in its paths too: the staging buffers are kept by them."""
+        copied = {}
+        for k, v in value.items():
+            plain = self.key(k)
+            copied[plain] = self.value(v, path, plain, depth + 1)
+        return copied
 
     def key(self, key: Any) -> Any:
         if type(key) is str:

@@ -17,14 +17,24 @@ from typing import Any
 
 import numpy as np
 
-from crashsafe._cuda import DeviceCopies, default_pinned_limit, device_room, is_cuda, pinned_buffer
-from crashsafe._log import warn
+from crashsafe._cuda import (
+    DeviceCopies,
+    default_pinned_limit,
+    device_room,
+    is_cuda,
+    pinned_buffer,
+    pinned_size,
+)
+from crashsafe._log import logger, warn
 from crashsafe._memory import alloc_bytes
+from crashsafe.errors import CrashsafeWarning
 from crashsafe.format.dtypes import storage_dtype
 from crashsafe.state.rebuild import to_value, unflatten
 from crashsafe.state.tree import ArrayLeaf, flatten
 
-__all__ = ["StagingPool", "detached_copy", "view_bytes"]
+__all__ = ["StagingPool", "detached_copy", "landed", "view_bytes"]
+
+_ALIGN = 512  # bytes: where each buffer carved out of one pinned allocation starts
 
 
 @dataclass
@@ -45,14 +55,18 @@ class StagingPool:
     Copies of CUDA tensors are queued while the state is walked and issued together by
     :meth:`issue`; the thread that reads the buffers first calls :meth:`settle`, which brings down
     the clones of tensors seen for the first time (and with ``every``, waits for all copies), then
-    :meth:`ready` before it reads a buffer whose copy it did not wait for. ``pinned_bytes`` caps the
-    page-locked staging memory (default: :func:`~crashsafe._cuda.default_pinned_limit`); tensors
-    beyond it are staged in pageable memory, at a third of the link's speed, said once in a warning.
+    :meth:`ready` before it reads a buffer whose copy it did not wait for, and :meth:`release` when
+    done. ``pinned_bytes`` caps the page-locked staging memory, counted as torch's pinned allocator
+    hands it out (rounded up to a power of two; default: :func:`~crashsafe._cuda.default_pinned_limit`);
+    tensors beyond it are staged in pageable memory, at a third of the link's speed, said once in a
+    warning. ``clones=False``: tensors seen for the first time are never cloned on their device.
     """
 
-    def __init__(self, pinned_bytes: int | None = None) -> None:
+    def __init__(self, pinned_bytes: int | None = None, *, clones: bool = True) -> None:
         self._slots: dict[str, _Slot] = {}
         self._pinned_limit = pinned_bytes
+        self._pinned = 0  # bytes of pinned memory the slots hold
+        self._clone_new = clones
         self._copies = DeviceCopies()
         self._clones: dict[str, tuple[ArrayLeaf, int]] = {}  # path -> the leaf (its clone), its ticket
         self._tickets: dict[str, int] = {}  # path -> the ticket of its copy into its buffer
@@ -65,15 +79,20 @@ class StagingPool:
 
     @property
     def pinned_nbytes(self) -> int:
-        return sum(slot.pinned for slot in self._slots.values())
+        return self._pinned
 
-    def capture(self, leaves: list[ArrayLeaf], *, clones: bool = True) -> list[Any]:
+    @property
+    def waiting(self) -> set[str]:
+        """The paths whose device copies a reader must wait for (:meth:`ready`)."""
+        return set(self._tickets)
+
+    def capture(self, leaves: list[ArrayLeaf]) -> list[Any]:
         """Copy every leaf into its staging buffer; return typed views of the copies (for a CUDA
-        tensor seen for the first time, with ``clones``, its clone on the device: see :meth:`landed`).
-        Device copies are issued before it returns; their bytes are there after :meth:`settle`."""
+        tensor seen for the first time, its clone on the device: see :meth:`landed`). Device copies
+        are issued before it returns; their bytes are there after :meth:`settle`."""
         self.begin()
         self.retain({leaf.path for leaf in leaves})
-        copies = [self._copy(leaf, clones) for leaf in leaves]
+        copies = [self._copy(leaf) for leaf in leaves]
         self.issue()
         return copies
 
@@ -87,7 +106,7 @@ class StagingPool:
     def stage(self, leaf: ArrayLeaf) -> Any:
         """Copy one leaf into its staging buffer; return the copy as the leaf's own kind (a torch
         tensor for a tensor, else the typed array). A CUDA tensor's copy is queued (:meth:`issue`)."""
-        typed = self._copy(leaf, True)
+        typed = self._copy(leaf)
         if leaf.kind != "torch" or not isinstance(typed, np.ndarray):
             return typed
         tensor = self._slots[leaf.path].tensor
@@ -99,25 +118,31 @@ class StagingPool:
         self._room.clear()
 
     def settle(self, *, every: bool = True) -> None:
-        """Copy each clone of a first-seen tensor into a newly pinned buffer (off the training
-        thread: pinning is slow); with ``every``, also wait until every other copy landed."""
+        """Copy each clone of a first-seen tensor into newly pinned buffers (off the training thread:
+        pinning is slow), then drop the clone; with ``every``, also wait until every copy landed."""
         if every:
             self._copies.wait()
         if not self._clones:
             return
-        landing = DeviceCopies()
-        for leaf, ticket in self._clones.values():
+        leaves = [leaf for leaf, _ in self._clones.values()]
+        for _, ticket in self._clones.values():
             self._copies.ready(ticket)
-            landing.add(self._slot(leaf).tensor, leaf.source)
+        self._clones.clear()
+        landing = DeviceCopies()
+        for leaf, buffer in zip(leaves, self._pinned_buffers(leaves), strict=True):
+            landing.add(self._slot(leaf, buffer).tensor, leaf.source)
         landing.issue(ordered=False)  # the clones are the copy stream's own: nothing to wait for
         landing.wait()
-        self._clones.clear()
 
     def ready(self, path: str) -> None:
         """Block until the copy of ``path`` into its staging buffer landed (no copy: at once)."""
         ticket = self._tickets.get(path)
         if ticket is not None:
             self._copies.ready(ticket)
+
+    def release(self) -> None:
+        """The snapshot was read: wait for any copy still out and let go of the sources."""
+        self._copies.wait()
 
     def landed(self, path: str) -> np.ndarray[Any, Any]:
         """The typed staging buffer of ``path`` (after :meth:`settle`: a clone's values are there)."""
@@ -134,48 +159,73 @@ class StagingPool:
     def retain(self, paths: set[str]) -> None:
         """Free the buffers of every path not in ``paths``."""
         for stale in self._slots.keys() - paths:
-            del self._slots[stale]
+            self._drop(stale)
 
-    def _slot(self, leaf: ArrayLeaf) -> _Slot:
+    def _drop(self, path: str) -> None:
+        slot = self._slots.pop(path, None)
+        if slot is not None:
+            self._pinned -= slot.pinned
+
+    def _slot(self, leaf: ArrayLeaf, buffer: tuple[np.ndarray[Any, Any], int] | None = None) -> _Slot:
+        """The slot of ``leaf``: its own if it fits, else a new one (in ``buffer``, given with its
+        pinned bytes, if any: else in one of its own, pinned for a CUDA tensor while the cap allows)."""
         key = (leaf.kind, leaf.dtype, leaf.shape)
         slot = self._slots.get(leaf.path)
-        if slot is not None and slot.key == key:
+        if slot is not None and slot.key == key and buffer is None:
             return slot
-        pinned = 0
-        if slot is not None and slot.buffer.nbytes == leaf.nbytes:
-            buffer, pinned = slot.buffer, slot.pinned
-        elif is_cuda(leaf.source) and self._may_pin(leaf.nbytes - (slot.pinned if slot else 0)):
-            self._slots.pop(leaf.path, None)  # its pinned bytes are free again
-            buffer, pinned = pinned_buffer(leaf.nbytes).numpy(), leaf.nbytes
-        else:
-            buffer = alloc_bytes(leaf.nbytes, prefault=True)
-        typed = buffer.view(storage_dtype(leaf.dtype)).reshape(leaf.shape)
+        if buffer is None and slot is not None and slot.buffer.nbytes == leaf.nbytes:
+            buffer = (slot.buffer, slot.pinned)
+        self._drop(leaf.path)
+        if buffer is None and is_cuda(leaf.source) and self._may_pin(pinned_size(leaf.nbytes)):
+            buffer = (pinned_buffer(leaf.nbytes).numpy(), pinned_size(leaf.nbytes))
+        if buffer is None:
+            buffer = (alloc_bytes(leaf.nbytes, prefault=True), 0)
+        typed = buffer[0].view(storage_dtype(leaf.dtype)).reshape(leaf.shape)
         tensor = None
         if leaf.kind == "torch" and leaf.nbytes:
             import torch
 
-            tensor = torch.from_numpy(buffer).view(leaf.source.dtype).view(leaf.shape)
-        slot = self._slots[leaf.path] = _Slot(buffer, key, typed, tensor, pinned)
+            tensor = torch.from_numpy(buffer[0]).view(leaf.source.dtype).view(leaf.shape)
+        slot = self._slots[leaf.path] = _Slot(buffer[0], key, typed, tensor, buffer[1])
+        self._pinned += buffer[1]
         return slot
+
+    def _pinned_buffers(self, leaves: list[ArrayLeaf]) -> list[tuple[np.ndarray[Any, Any], int] | None]:
+        """Buffers for ``leaves`` carved out of one pinned allocation (one rounding to a power of
+        two for all, not one each), with each one's share of its pinned bytes; Nones (each leaf
+        then gets a slot of its own) if the cap does not allow it."""
+        aligned = [-(-leaf.nbytes // _ALIGN) * _ALIGN for leaf in leaves]
+        total = sum(aligned)
+        if total == 0 or not self._may_pin(pinned_size(total)):
+            return [None] * len(leaves)
+        arena = pinned_buffer(total).numpy()
+        share = pinned_size(total) / total
+        buffers: list[tuple[np.ndarray[Any, Any], int] | None] = []
+        at = 0
+        for leaf, size in zip(leaves, aligned, strict=True):
+            buffers.append((arena[at : at + leaf.nbytes], round(size * share)))
+            at += size
+        return buffers
 
     def _may_pin(self, nbytes: int) -> bool:
         """Whether ``nbytes`` more pinned bytes stay within the cap (warned once when they do not)."""
         limit = default_pinned_limit() if self._pinned_limit is None else self._pinned_limit
-        if self.pinned_nbytes + nbytes <= limit:
+        if self._pinned + nbytes <= limit:
             return True
         if not self._warned:
             self._warned = True
-            warn(
+            message = (
                 f"staging CUDA tensors needs more than pinned_bytes={limit} bytes of pinned host memory; "
                 "the rest is staged in pageable memory, which the GPU copies into about 3x slower and "
-                "synchronously. Raise pinned_bytes if the machine has the memory",
-                ResourceWarning,
+                "synchronously. Raise pinned_bytes if the machine has the memory"
             )
+            warn(message, CrashsafeWarning)
+            logger().warning("%s", message)
         return False
 
-    def _copy(self, leaf: ArrayLeaf, clones: bool) -> Any:
+    def _copy(self, leaf: ArrayLeaf) -> Any:
         if leaf.nbytes and is_cuda(leaf.source):
-            return self._copy_from_device(leaf, clones)
+            return self._copy_from_device(leaf)
         slot = self._slot(leaf)
         if leaf.nbytes == 0:
             return slot.typed
@@ -187,12 +237,12 @@ class StagingPool:
             np.copyto(slot.typed, leaf.source)
         return slot.typed
 
-    def _copy_from_device(self, leaf: ArrayLeaf, clones: bool) -> Any:
-        """Queue a CUDA tensor's copy into its pinned buffer; with ``clones``, a tensor that has no
-        buffer yet is cloned on its device instead, if the device has room for the clone."""
+    def _copy_from_device(self, leaf: ArrayLeaf) -> Any:
+        """Queue a CUDA tensor's copy into its pinned buffer; a tensor that has no buffer yet is
+        cloned on its device instead (pools that clone), if the device has room for the clone."""
         source = leaf.source.detach()
         slot = self._slots.get(leaf.path)
-        if clones and (slot is None or slot.buffer.nbytes != leaf.nbytes):
+        if self._clone_new and (slot is None or slot.buffer.nbytes != leaf.nbytes):
             device = source.device.index
             room = self._room.get(device)
             room = self._room[device] = device_room(source.device) if room is None else room
@@ -209,6 +259,12 @@ class StagingPool:
         self._copies.wait()
         self._slots.clear()
         self._clones.clear()
+        self._pinned = 0
+
+
+def landed(pool: StagingPool, leaf: ArrayLeaf, copy: Any) -> np.ndarray[Any, Any]:
+    """A leaf's staged bytes: the copy :meth:`StagingPool.capture` gave, or its clone's landing place."""
+    return copy if isinstance(copy, np.ndarray) else pool.landed(leaf.path)
 
 
 def view_bytes(leaf: ArrayLeaf) -> np.ndarray[Any, Any]:
@@ -247,7 +303,9 @@ def detached_copy(state: object, pool: StagingPool) -> Any:
     ``state_dict()`` become that dict.
     """
     tree, leaves = flatten(state)
-    arrays = pool.capture(leaves, clones=False)
+    copies = pool.capture(leaves)
     pool.settle()  # its caller reads the copy on another thread at once
+    arrays = [landed(pool, leaf, copy) for leaf, copy in zip(leaves, copies, strict=True)]
+    pool.release()
     values = [to_value(leaf.kind, leaf.dtype, array) for leaf, array in zip(leaves, arrays, strict=True)]
     return unflatten(tree, values)

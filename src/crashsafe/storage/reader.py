@@ -206,6 +206,11 @@ class PayloadStream:
         self._digest = _Verifier(reader.where, entry, 0, entry.nbytes)
         self._at = 0  # bytes of the payload read so far
 
+    @property
+    def local(self) -> bool:
+        """Whether the payload's file is mapped (a local file): reads of any size cost no request."""
+        return self._local
+
     def read(self, dest: np.ndarray[Any, Any]) -> None:
         """Fill ``dest`` (a flat uint8 array) with the payload's next ``dest.size`` bytes."""
         if self._at + dest.size > self._entry.nbytes:
