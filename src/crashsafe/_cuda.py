@@ -103,6 +103,8 @@ def default_pinned_limit() -> int:
 def synchronize(tensors: list[Any]) -> None:
     """Wait for all work queued on the devices of these CUDA tensors, on every stream: restore's
     copies run on worker threads, whose current stream is not the caller's."""
+    if not tensors:
+        return
     torch = _torch()
     for index in sorted({t.device.index for t in tensors}):
         torch.cuda.synchronize(index)

@@ -2,8 +2,9 @@
 
 Each rank of a distributed step saves its own tree. The shards of a DTensor are one array, which a
 plain process assembles whole, so ranks that saved only shards and values they all held alike
-saved one state. A rank that saved its own value under a path (rank-local tensors, RNG states), or
-other keys or python values, saved another: a load in one process gets rank 0's, and a
+saved one state; so did ranks whose ``RNGState`` differs (each rank draws its own by design). A
+rank that saved its own value under a path (rank-local tensors), or other keys or python values,
+saved another: a load in one process gets rank 0's, and a
 :class:`~crashsafe.errors.CrashsafeWarning` names the ranks and paths it leaves behind.
 """
 
@@ -20,6 +21,7 @@ __all__ = ["plain_tree"]
 
 _ARRAY_NODES = ("array", "view")
 _NAMED = 5  # ranks and paths a warning names
+_RNG = "crashsafe.state.rng.RNGState"  # the class a saved RNGState's node names
 
 
 def plain_tree(manifest: Manifest) -> dict[str, Any]:
@@ -62,8 +64,11 @@ def _held(manifest: Manifest, index: int) -> tuple[Any, ...]:
 
 
 def _comparable(node: Any, manifest: Manifest) -> Any:
-    """A (validated) rank's tree with each array node's payload id replaced by what it holds."""
+    """A (validated) rank's tree with each array node's payload id replaced by what it holds, and
+    its RNG states left out: each rank draws its own by design (dropout masks, data order)."""
     if isinstance(node, dict):
+        if node.get("t") == "stateful" and node.get("class") == _RNG:
+            return _RNG
         if node.get("t") in _ARRAY_NODES:
             return {**node, "id": _held(manifest, node["id"])}
         return {key: _comparable(value, manifest) for key, value in node.items()}
@@ -73,8 +78,10 @@ def _comparable(node: Any, manifest: Manifest) -> Any:
 
 
 def _arrays(node: Any, manifest: Manifest) -> dict[str, tuple[Any, ...]]:
-    """The payload path of each array a tree uses, and what it holds."""
+    """The payload path of each array a tree uses (not of its RNG states), and what it holds."""
     if isinstance(node, dict):
+        if node.get("t") == "stateful" and node.get("class") == _RNG:
+            return {}
         if node.get("t") in _ARRAY_NODES:
             return {manifest.payloads[node["id"]].path: _held(manifest, node["id"])}
         return {p: h for value in node.values() for p, h in _arrays(value, manifest).items()}

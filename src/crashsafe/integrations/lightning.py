@@ -535,6 +535,7 @@ class CrashsafeCallback(Callback):
         mirror_keep: KeepSpec = None,
         mirror_keep_last: int | Unset | None = UNSET,
         mirror_keep_every: int | None = None,
+        pinned_bytes: int | None = None,
     ) -> None:
         self.directory = directory
         self.resume = resume
@@ -543,6 +544,7 @@ class CrashsafeCallback(Callback):
             keep_last=keep_last, keep_every=keep_every, async_save=async_save, codec=codec, lossless=lossless,
             save_on_sigterm=save_on_sigterm, storage_options=storage_options, mirror=mirror,
             mirror_keep=mirror_keep, mirror_keep_last=mirror_keep_last, mirror_keep_every=mirror_keep_every,
+            pinned_bytes=pinned_bytes,
         )  # fmt: skip
         self.manager: CheckpointManager | None = None
         self._offered: int | None = None
