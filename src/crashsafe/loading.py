@@ -11,11 +11,13 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from crashsafe._cuda import DeviceUpload, is_cuda
 from crashsafe._log import logger, warn
 from crashsafe.chain import ChainReader
+from crashsafe.distributed.collective import PeerProblem
+from crashsafe.distributed.group import SOLO, Coordination
 from crashsafe.distributed.shards import Targets, read_sharded
 from crashsafe.distributed.trees import plain_tree
 from crashsafe.errors import (
@@ -28,20 +30,18 @@ from crashsafe.errors import (
     StorageError,
 )
 from crashsafe.format.manifest import Manifest, PayloadEntry
+from crashsafe.format.tree import ARRAY_NODES
 from crashsafe.state.rebuild import to_value, unflatten
 from crashsafe.storage.base import Store
 from crashsafe.storage.oserror import storage_error
 
 __all__ = [
-    "ARRAY_NODES",
     "READ_ATTEMPTS",
     "array_ids",
     "check_device",
-    "from_copies",
+    "first_intact",
     "holding",
     "listed_steps",
-    "newest",
-    "newest_intact",
     "note_read",
     "on_damage",
     "read_state",
@@ -54,7 +54,6 @@ __all__ = [
 _T = TypeVar("_T")
 
 READ_ATTEMPTS = 5  # listings tried when every step tried vanished
-ARRAY_NODES = ("array", "view")  # tree nodes that point at a payload by its index
 
 
 def read_state(
@@ -179,23 +178,6 @@ def on_damage(reset: Callable[[], None]) -> Iterator[None]:
         reset()
 
 
-def from_copies(stores: Sequence[Store], step: int, read: Callable[[Store], _T]) -> _T:
-    """``read(store)`` of the first copy of ``step`` (local tier first) that reads intact: a damaged
-    copy falls back to the next tier's copy of the same step, with a warning. With no tier holding
-    it, the first store's error says the step is not committed."""
-    if len(stores) == 1:  # one tier: no listing needed (a request, on an object store)
-        return read(stores[0])
-    copies = [store for store in stores if step in store.steps()] or [stores[0]]
-    for store in copies[:-1]:
-        try:
-            return read(store)
-        except (CorruptCheckpointError, StorageError) as exc:
-            message = f"skipping a damaged copy: {exc}. Reading step {step} from the next tier."
-            skip_damaged(message)
-            logger().warning("fell back from the copy of step %d in %s because %s", step, store.location, exc)
-    return read(copies[-1])
-
-
 def array_ids(node: Any) -> set[int]:
     """The payloads an (already validated) state tree uses: its array and view nodes."""
     if isinstance(node, dict):
@@ -229,56 +211,114 @@ def listed_steps(stores: Sequence[Store]) -> list[list[int]]:
     return listed
 
 
-def newest_intact(
-    stores: Sequence[Store], numpy: bool, device: Any = None
-) -> tuple[int, dict[str, Any]] | None:
-    """(step, state) of the newest step that reads back intact from any of ``stores`` (tried in
-    order for one step: a local copy before its mirror), or None if there is no step at all."""
-    read = lambda store, step, last: read_state(store, step, numpy, device=device)  # noqa: E731
-    return newest(stores, read)
-
-
-def newest(
-    stores: Sequence[Store], read: Callable[[Store, int, bool], _T]
+def first_intact(
+    stores: Sequence[Store],
+    step: int | None,
+    read: Callable[[Store, int, bool], _T],
+    coord: Coordination = SOLO,
 ) -> tuple[int, _T] | None:
-    """(step, ``read(store, step, last)``) of the newest step ``read`` finds intact in any of
-    ``stores``, damaged ones skipped with a warning; ``last`` tells ``read`` that no other step is
-    left to fall back to if this one is damaged. None if there is no step at all."""
+    """(step, ``read(store, step, last)``) of ``step``, or of the newest step that every process of
+    ``coord`` reads intact, from any of ``stores`` (a step's local copy before its mirror's). A
+    damaged step or copy is skipped with a warning, by every rank alike: while any rank finds its
+    part damaged, every rank goes on to the next older one. ``last`` tells ``read`` that nothing is
+    left to fall back to after it. A step deleted while it was read is not damage: the steps are
+    listed afresh. Another error on any rank is raised on every rank. A damaged ``step`` asked for by
+    number raises (after its other tiers' copies). None if there is no step at all."""
     damage: dict[tuple[int, int], str] = {}
+    gone: set[tuple[int, int]] = set()
     for _ in range(READ_ATTEMPTS):
-        listed = listed_steps(stores)
-        candidates = sorted(((step, -i) for i, steps in enumerate(listed) for step in steps), reverse=True)
-        if not candidates:
-            return None
-        gone: set[tuple[int, int]] = set()  # deleted while read: no more a fallback than a damaged step
-        for n, (step, tier) in enumerate(candidates):
-            if (step, tier) in damage:
+        candidates = _candidates(stores, step, coord)
+        gone.clear()  # deleted while read: no more a fallback than a damaged step, until listed again
+        for n, (at, tier) in enumerate(candidates):
+            if (at, tier) in damage:
                 continue
-            try:
-                last = all(other in damage or other in gone for other in candidates[n + 1 :])
-                return step, read(stores[-tier], step, last)
-            except (CorruptCheckpointError, StorageError) as exc:
-                damage[step, tier] = str(exc)
-                message = f"skipping damaged checkpoint: {exc}. Falling back to an older step."
-                skip_damaged(message)
-                logger().warning("fell back from step %d because %s", step, exc)
-            except NoCheckpointError:
-                gone.add((step, tier))  # deleted by the writer's retention while we read it
+            last = all(other in damage or other in gone for other in candidates[n + 1 :])
+            result, kind, error = _attempt(read, stores[tier], at, last)
+            outcomes = coord.all_gather((kind, None if error is None else str(error)), f"reading step {at}")
+            if kind == "error" and error is not None:
+                raise error
+            failed = _by_rank(outcomes, "error", coord)
+            if failed:
+                raise CrashsafeError(f"step {at} could not be read by every rank: {failed}")
+            bad = _by_rank(outcomes, "damaged", coord)
+            if not bad and not _by_rank(outcomes, "gone", coord):
+                return at, cast(_T, result)
+            if step is not None and last:  # the step asked for, and no other copy of it
+                if coord.world == 1 and error is not None:
+                    raise error
+                raised = CorruptCheckpointError if bad else NoCheckpointError
+                why = bad or _by_rank(outcomes, "gone", coord)
+                raise raised(f"step {at} cannot be read by every rank: {why}")
+            if not bad:
+                gone.add((at, tier))
+                continue
+            damage[at, tier] = bad
+            _skip(at, stores[tier], bad, step is not None, coord)
         if not gone:
             break
+    if not damage and not gone:
+        return None
     where = " and ".join(store.location for store in stores)
+    damaged = "; ".join(damage[k] for k in sorted(damage, reverse=True))
     if gone:
-        damaged = "; ".join(damage[k] for k in sorted(damage, reverse=True))
         raise NoCheckpointError(
             f"every step of {where} was deleted while it was read, {READ_ATTEMPTS} times over"
             + (f" (the others are damaged: {damaged})" if damage else "")
             + "; another process is deleting steps faster than this one reads them. Try again"
         )
     raise CorruptCheckpointError(
-        f"every checkpoint in {where} is damaged: "
-        + "; ".join(damage[k] for k in sorted(damage, reverse=True))
-        + ". Run `crashsafe verify` for details."
+        f"every checkpoint in {where} is damaged: {damaged}. Run `crashsafe verify` for details."
     )
+
+
+def _candidates(stores: Sequence[Store], step: int | None, coord: Coordination) -> list[tuple[int, int]]:
+    """(step, tier) to try, newest first, a step's local copy before its mirror's: every copy of
+    ``step``, or every step; listed by the leader for every rank."""
+    if step is not None and len(stores) == 1:
+        return [(step, 0)]  # one tier: no listing needed (a request, on an object store)
+    listed = coord.agree(lambda: listed_steps(stores), "listing steps")
+    if step is not None:
+        return [(step, tier) for tier, steps in enumerate(listed) if step in steps] or [(step, 0)]
+    every = [(at, tier) for tier, steps in enumerate(listed) for at in steps]
+    return sorted(every, key=lambda candidate: (-candidate[0], candidate[1]))
+
+
+def _attempt(
+    read: Callable[[Store, int, bool], _T], store: Store, step: int, last: bool
+) -> tuple[_T | None, str, CrashsafeError | None]:
+    """``read``'s result, or what kept it: "damaged", "gone" (deleted while read), "peer" (another
+    rank's part cannot be restored, so this one left first), or "error" (anything else of ours)."""
+    try:
+        return read(store, step, last), "ok", None
+    except PeerProblem:
+        return None, "peer", None
+    except (CorruptCheckpointError, StorageError) as exc:
+        return None, "damaged", exc
+    except NoCheckpointError as exc:
+        return None, "gone", exc
+    except CrashsafeError as exc:
+        return None, "error", exc
+
+
+def _by_rank(outcomes: list[tuple[str, str | None]], kind: str, coord: Coordination) -> str:
+    """The messages of the ranks whose outcome is ``kind``, each named by its rank where there are several."""
+    found = [(rank, message) for rank, (what, message) in enumerate(outcomes) if what == kind]
+    if coord.world == 1:
+        return "; ".join(str(message) for _, message in found)
+    return "; ".join(f"rank {rank}: {message}" for rank, message in found)
+
+
+def _skip(step: int, store: Store, bad: str, copy: bool, coord: Coordination) -> None:
+    """Say that a damaged step (``copy``: a damaged copy of the step asked for) is skipped."""
+    if copy:
+        skip_damaged(f"skipping a damaged copy: {bad}. Reading step {step} from the next tier.")
+        logger().warning("fell back from the copy of step %d in %s because %s", step, store.location, bad)
+    elif coord.world > 1:
+        skip_damaged(f"skipping damaged checkpoint step {step} ({bad}); all ranks fall back to an older one")
+        logger().warning("fell back from step %d because %s", step, bad)
+    else:
+        skip_damaged(f"skipping damaged checkpoint: {bad}. Falling back to an older step.")
+        logger().warning("fell back from step %d because %s", step, bad)
 
 
 def note_read(step: int | None, asked: int | None, where: str, began: float) -> int | None:

@@ -21,8 +21,7 @@ from crashsafe._runtime import forked, refuse_forked
 from crashsafe.chain import direct_bases, doomed_steps, protected_steps
 from crashsafe.distributed.collective import collective_for
 from crashsafe.distributed.group import DEFAULT_TIMEOUT
-from crashsafe.distributed.saving import Listing
-from crashsafe.distributed.saving import save_step as save_collective
+from crashsafe.distributed.saving import Listing, save_step
 from crashsafe.encoding import CodecSpec, SavePlanner
 from crashsafe.errors import (
     CheckpointExistsError,
@@ -33,15 +32,7 @@ from crashsafe.errors import (
     UnsupportedStateError,
 )
 from crashsafe.format.manifest import Manifest, checked_step
-from crashsafe.loading import (
-    check_device,
-    from_copies,
-    listed_steps,
-    newest_intact,
-    note_read,
-    on_damage,
-    read_state,
-)
+from crashsafe.loading import check_device, first_intact, listed_steps, note_read, on_damage, read_state
 from crashsafe.mapping import map_step
 from crashsafe.mirroring import Mirror
 from crashsafe.pending import PendingSave
@@ -50,7 +41,7 @@ from crashsafe.policies.keep import Mode, StepFacts
 from crashsafe.policies.retention import UNSET, KeepSpec, Unset, retention_policy
 from crashsafe.preemption import EXIT_STATUS, SigtermWatch
 from crashsafe.restoring import restore_into
-from crashsafe.saving import SaveStats, Snapshot, save_step, take_snapshot
+from crashsafe.saving import SaveStats, Snapshot, take_snapshot
 from crashsafe.state.staging import StagingPool
 from crashsafe.step_facts import StepSpec, best_step, pick_step
 from crashsafe.storage.base import Lock, Store
@@ -148,13 +139,10 @@ class CheckpointManager:
             if self.mirror is None:
                 self._open(self.directory, existing=True).close()  # it must exist
             return
-        try:
-            if self._collective is None:
-                self._open_writer()
-            else:  # rank 0 creates, locks and cleans; then the others open what it made
-                self._collective.agree(self._open_writer, f"opening {self.directory}")
-                if not self._collective.leader:
-                    self._store = self._open(self.directory)
+        try:  # rank 0 creates, locks and cleans; then the others open what it made
+            self._collective.agree(self._open_writer, f"opening {self.directory}")
+            if not self._collective.leader:
+                self._store = self._open(self.directory)
         except BaseException:
             self.close()
             raise
@@ -183,12 +171,11 @@ class CheckpointManager:
             self._mirror.retry()
         self._check_store(store, f"saving step {step}")
         cleaned = clean_metrics(metrics)
-        replicas = self._collective.replicas if self._collective else None
         checked = bool(self._pending.stats)  # a save committed: the state's layout was checked in full
+        replicas = self._collective.replicas
         snapshot, planned = take_snapshot(state, store, self._pool, replicas, checked=checked)
         known = self._listed is None or step in self._listed  # else new: this writer holds the lock
-        exists = known and store.has_step(step) if planned is None else step in planned.committed
-        if exists:  # (PLAN_LATER lists nothing: its re-save is checked in the background)
+        if self._collective.committed(store, step, planned, known):
             self._replace_damaged(store, step)
         stall = time.perf_counter() - begin
         self._stalled += stall
@@ -233,7 +220,7 @@ class CheckpointManager:
                 self.save(step, state, metrics)
             self._exit_after_preemption()
         wanted = self.policy.should_save(self.context(step, metrics))
-        if not (wanted if self._collective is None else self._collective.decide(wanted, step)):
+        if not self._collective.decide(wanted, step):
             return False
         self.save(step, state, metrics)
         return True
@@ -287,7 +274,7 @@ class CheckpointManager:
         self,
         store: Store,
         step: int,
-        planned: Listing | None,  # a distributed save: what the ranks agreed
+        planned: Listing,  # what the ranks agreed, or PLAN_LATER
         snapshot: Callable[[], Snapshot],
         metrics: dict[str, Any],
         stall: float,
@@ -295,25 +282,16 @@ class CheckpointManager:
         begin = time.perf_counter()
         info = {"crashsafe": _VERSION}
         tree, leaves, arrays = snapshot()
-        if planned is not None:
-            assert self._collective is not None
-            manifest = save_collective(
-                self._collective.replicas, store, self._planner, step, planned, tree, leaves, list(arrays),
-                metrics, info, functools.partial(self._replace_damaged, store),
-            )  # fmt: skip
-            persisted = time.perf_counter() - begin  # committed, and every rank heard it
-            self._committed(manifest)
-            if self._collective.leader:
-                self._retain_after(store, step)
-        else:
-            listed = store.steps()  # the delta bases, listed off the training thread
-            bases = frozenset(listed) - {step}
-            manifest = save_step(store, self._planner, step, bases, tree, leaves, arrays, metrics, info)
-            self._listed = {*listed, step}
-            self._committed(manifest)
-            if self._mirror is not None:
-                self._mirror.add(step)
-            persisted = time.perf_counter() - begin  # durable and committed; retention comes after
+        manifest, listed = save_step(
+            self._collective.replicas, store, self._planner, step, planned, tree, leaves, arrays,
+            metrics, info, functools.partial(self._replace_damaged, store),
+        )  # fmt: skip
+        persisted = time.perf_counter() - begin  # committed, and every rank heard it; retention comes after
+        self._listed = {*listed, step}
+        self._committed(manifest)
+        if self._mirror is not None:
+            self._mirror.add(step)
+        if self._collective.leader:
             self._retain_after(store, step)
         return SaveStats(step, stall, persisted, manifest.raw_nbytes, manifest.stored_nbytes)
 
@@ -393,7 +371,7 @@ class CheckpointManager:
     def _by_leader(self, fn: Callable[[], _T], what: str) -> _T:
         """``fn`` run here (one process), or by rank 0 for every rank of a distributed manager, which
         all get its result or its error: one process deletes, so no two ranks race."""
-        return fn() if self._collective is None else self._collective.agree(fn, what)
+        return self._collective.agree(fn, what)
 
     def _wait_pending(self) -> None:
         if not forked(self._pid):  # in a forked child: the parent's save, no thread of ours
@@ -442,12 +420,11 @@ class CheckpointManager:
 
     def steps(self) -> list[int]:
         """Committed steps, ascending (of either tier, with a mirror)."""
-        if self._collective is not None and not self._closed:
-            self._wait_pending()  # one exchange at a time on the ranks' group: never beside a persist
+        if not self._closed:
+            self._wait_pending()  # the step just saved is listed; the ranks' exchanges never meet a persist's
         with self._reading() as stores:
-            if self._collective is not None:
-                return self._collective.steps(stores[0])
-            return sorted({step for steps in listed_steps(stores) for step in steps})
+            listed = self._collective.agree(lambda: listed_steps(stores), "listing steps")
+            return sorted({step for steps in listed for step in steps})
 
     def latest_step(self) -> int | None:
         """The newest committed step, or None."""
@@ -472,7 +449,9 @@ class CheckpointManager:
                 if not steps:
                     raise NoCheckpointError(f"no committed checkpoint in {self.directory}")
                 step = steps[-1]
-            return from_copies(stores, step, lambda store: read_manifest(store, step))
+            found = first_intact(stores, step, lambda store, at, last: read_manifest(store, at))
+            assert found is not None  # a step asked for is read or raises
+            return found[1]
 
     def load(
         self,
@@ -496,14 +475,11 @@ class CheckpointManager:
         began, picked = time.perf_counter(), pick_step(step, metric, mode, self.best_step)
 
         def load(stores: list[Store]) -> tuple[int, dict[str, Any]] | None:
-            if self._collective is not None:
-                return self._collective.load(stores[0], picked, numpy, None, device)
             if mmap:
                 return map_step(stores, picked)
-            if picked is None:
-                return newest_intact(stores, numpy, device)
-            read = functools.partial(read_state, step=picked, numpy=numpy, device=device)
-            return picked, from_copies(stores, picked, read)
+            rank = self._collective.reader_rank
+            read = lambda store, at, last: read_state(store, at, numpy, rank, None, device)  # noqa: E731
+            return first_intact(stores, picked, read, self._collective.coord)
 
         loaded = self._read(load)
         if loaded is None:
@@ -555,8 +531,7 @@ class CheckpointManager:
         finally:
             self._closed = True
             self._pending.close()
-            if self._collective is not None:
-                self._collective.close()
+            self._collective.close()
             if self._mirror is not None:
                 self._mirror.close()  # the last steps reach the mirror before the job ends
                 self._mirror.report()

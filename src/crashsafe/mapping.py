@@ -25,7 +25,7 @@ from crashsafe.distributed.trees import plain_tree
 from crashsafe.errors import CodecError, CorruptCheckpointError, CrashsafeError
 from crashsafe.format.dtypes import storage_dtype
 from crashsafe.format.manifest import Manifest, PayloadEntry
-from crashsafe.loading import array_ids, holding, newest, read_value, reading_error, state_of
+from crashsafe.loading import array_ids, first_intact, holding, read_value, reading_error, state_of
 from crashsafe.state.rebuild import to_value
 from crashsafe.storage.base import Store
 from crashsafe.storage.layout import step_name
@@ -39,7 +39,7 @@ def map_step(stores: Sequence[Store], step: int | None) -> tuple[int, dict[str, 
     step that maps intact; None if there is no step at all."""
     if step is not None:
         return step, map_state(holding(stores, step), step)
-    return newest(stores, lambda store, at, last: map_state(store, at))
+    return first_intact(stores, None, lambda store, at, last: map_state(store, at))
 
 
 def map_state(store: Store, step: int) -> dict[str, Any]:

@@ -42,14 +42,13 @@ from typing import Any
 from crashsafe._cuda import DeviceUpload, synchronize
 from crashsafe.chain import ChainReader
 from crashsafe.distributed.collective import Collective
-from crashsafe.distributed.shards import Targets, box_jobs, fill_from, live_targets, read_range
+from crashsafe.distributed.shards import Targets, box_jobs, fill_from, read_range
 from crashsafe.distributed.trees import plain_tree
 from crashsafe.errors import CrashsafeError, NoCheckpointError, UnsupportedStateError
 from crashsafe.format.manifest import PayloadEntry
-from crashsafe.loading import array_ids, from_copies, newest, read_value, reading_error, state_of
+from crashsafe.loading import array_ids, first_intact, read_value, reading_error, state_of
 from crashsafe.state.inplace import Destination, live_destinations
 from crashsafe.state.rebuild import apply_into, check_into
-from crashsafe.state.tree import flatten
 from crashsafe.storage.base import Store
 
 __all__ = ["restore_into"]
@@ -75,28 +74,22 @@ def restore_into(
     stores: Sequence[Store],
     state: MutableMapping[str, Any],
     step: int | None,
-    collective: Collective | None = None,
+    collective: Collective,
 ) -> int | None:
     """Restore ``step`` (None: the newest intact one, falling back past damaged ones) into the live
-    ``state`` in place; return its step, or None if there is no step at all. A distributed manager's
-    ranks (``collective``) each restore their part, a live DTensor the saved shards that meet its
-    box, and fall back together: the live objects take their values once every rank read intact."""
+    ``state`` in place; return its step, or None if there is no step at all. The ranks of a
+    distributed manager each restore their part, a live DTensor the saved shards that meet its box,
+    and fall back together: the live objects take their values once every rank read intact."""
     changes = _Changes()
-    targets = None if collective is None else live_targets(state, flatten(state)[1])
-    rank = None if collective is None else collective.rank  # None: one process, rank 0's tree
+    targets, rank = collective.targets(state), collective.reader_rank
 
     def attempt(store: Store, candidate: int, last: bool) -> dict[str, Any]:
         verify_first = last and not changes.made
-        agree = None if collective is None else functools.partial(collective.before_writing, step=candidate)
+        agree = functools.partial(collective.before_writing, step=candidate)
         return restore_step(store, candidate, state, verify_first, changes, rank, targets, agree)
 
     try:
-        if collective is not None:
-            found = collective.first_intact(stores[0], step, lambda at, last: attempt(stores[0], at, last))
-        elif step is not None:
-            found = (step, from_copies(stores, step, lambda copy: attempt(copy, step, True)))
-        else:
-            found = newest(stores, attempt)
+        found = first_intact(stores, step, attempt, collective.coord)
     except CrashsafeError as exc:
         if changes.made and isinstance(exc, UnsupportedStateError):
             exc.args = (

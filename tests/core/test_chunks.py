@@ -249,7 +249,7 @@ def test_a_re_signed_wrong_chunk_digest_is_found_when_that_chunk_is_read(tmp_pat
 class _Twin:
     """Rank 0 of two whose peer holds exactly what it holds (a replicated DTensor's twin)."""
 
-    rank, world, leader = 0, 2, True
+    rank, world, leader, shared = 0, 2, True, True
 
     def all_gather(self, obj: Any, what: str) -> list[Any]:
         return [obj, obj]

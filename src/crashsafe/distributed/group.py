@@ -1,4 +1,7 @@
-"""How the ranks of a distributed manager talk: their own gloo group, with a timeout.
+"""How the processes of a manager talk: one process alone (:class:`Solo`: every exchange is a
+no-op), or the ranks of a distributed job on a gloo group of their own, with a timeout
+(:class:`Coordinator`). The manager, saving and reading run one code path over either, as DCP's
+``_DistWrapper`` does.
 
 Coordination (who writes what, every rank's payloads to the committing rank, the commit's outcome)
 runs on a process group of its own, so that background persists never block or reorder the
@@ -17,7 +20,7 @@ from typing import Any, TypeVar
 
 from crashsafe.errors import CoordinationError
 
-__all__ = ["DEFAULT_TIMEOUT", "Coordinator", "distributed_group"]
+__all__ = ["DEFAULT_TIMEOUT", "SOLO", "Coordination", "Coordinator", "Solo", "distributed_group"]
 
 DEFAULT_TIMEOUT = 300.0  # seconds a rank waits for the others at each exchange
 _T = TypeVar("_T")
@@ -37,8 +40,35 @@ def distributed_group(process_group: Any) -> Any | None:
     return None
 
 
+class Solo:
+    """The coordination of one process: it is rank 0 of 1 and the leader, hears only itself, and
+    writes a step alone (not in parts)."""
+
+    rank = 0
+    world = 1
+    leader = True
+    shared = False  # a step is written whole by this process, as one part
+
+    def all_gather(self, obj: Any, what: str) -> list[Any]:
+        return [obj]
+
+    def broadcast(self, obj: Any, what: str) -> Any:
+        return obj
+
+    def broadcast_flag(self, flag: bool, what: str) -> bool:
+        return flag
+
+    def agree(self, fn: Callable[[], _T], what: str) -> _T:
+        return fn()
+
+    def close(self) -> None:
+        pass
+
+
 class Coordinator:
     """Object exchanges among the ranks of ``group`` on a gloo group of their own."""
+
+    shared = True  # each rank writes its part of a step; rank 0 commits them all
 
     def __init__(self, group: Any, timeout: float = DEFAULT_TIMEOUT) -> None:
         import torch.distributed as dist
@@ -113,3 +143,7 @@ class Coordinator:
                 self._run(lambda: self._dist.barrier(group=self.group), "closing")
             self._dist.destroy_process_group(self.group)
             self.group = None
+
+
+Coordination = Solo | Coordinator
+SOLO = Solo()  # (it holds nothing: one serves every single-process manager)

@@ -1,4 +1,7 @@
-"""One distributed step: every rank writes its part, rank 0 commits the whole, or nobody does.
+"""One step of any number of processes: every rank writes its part, rank 0 commits the whole, or
+nobody does. One process alone (a :class:`~crashsafe.distributed.group.Solo` coordination) is rank
+0 of 1: it plans in the background, writes the whole step as one part and commits it, in the format
+of a single process (docs/format.md); every exchange below is then a no-op.
 
 1. every rank describes its arrays (path, type, shape, shard placement, bytes) and rank 0 adds
    its listing of the committed steps and names the attempt; arrays that several ranks hold alike
@@ -33,20 +36,20 @@ from __future__ import annotations
 import secrets
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import xxhash
 
-from crashsafe.distributed.group import Coordinator
+from crashsafe.distributed.group import Coordination
 from crashsafe.distributed.plan import Offer, Plan, assign
 from crashsafe.encoding import SavePlanner
 from crashsafe.errors import CoordinationError, CrashsafeError
 from crashsafe.format.chunks import Chunks, hash_chunks
 from crashsafe.format.manifest import Manifest, PayloadEntry
-from crashsafe.loading import ARRAY_NODES
+from crashsafe.format.tree import ARRAY_NODES
 from crashsafe.state.tree import ArrayLeaf
 from crashsafe.storage.base import Store
 from crashsafe.storage.writer import StepWriter
@@ -100,9 +103,9 @@ class ReplicaPlanner:
     other rank (:data:`PLAN_LATER`).
     """
 
-    def __init__(self, coord: Coordinator) -> None:
+    def __init__(self, coord: Coordination) -> None:
         self.coord = coord
-        self.first = True  # plan in the save call (the ranks agree on it at every plan)
+        self.first = coord.shared  # plan in the save call (the ranks agree on it at every plan)
         self._described: list[list[_Described]] | None = None  # every rank's arrays at the last save
         self._alike: list[list[int]] = []  # per rank: its arrays that other ranks held alike
 
@@ -188,21 +191,23 @@ def save_step(
     planned: Listing,
     tree: dict[str, Any],
     leaves: list[ArrayLeaf],
-    arrays: list[np.ndarray[Any, Any]],
+    arrays: Iterable[np.ndarray[Any, Any]],
     metrics: dict[str, Any],
     info: dict[str, Any],
     existing: Callable[[int], None],
-) -> Manifest:
+) -> tuple[Manifest, frozenset[int]]:
     """Save this rank's part of ``step`` and commit the whole with the other ranks; return the
-    committed manifest (the same on every rank). ``arrays``: the snapshot of the arrays the rank
-    writes, in ``planned.writes`` order, or of every array for :data:`PLAN_LATER` (the plan is made
-    here, from the copies; ``existing(step)`` then deletes a committed but damaged ``step``, or
-    refuses to save it again, as the save call does for a plan made there)."""
+    committed manifest (the same on every rank) and the steps committed before it. ``arrays``: the
+    snapshot of the arrays the rank writes, in ``planned.writes`` order, or of every array for
+    :data:`PLAN_LATER` (the plan is made here, from the copies, which are read one by one as the
+    writer takes them where it writes them all in order; ``existing(step)`` then deletes a
+    committed but damaged ``step``, or refuses to save it again, as the save call does for a plan
+    made there)."""
     coord = replicas.coord
     if not isinstance(planned, StepPlan):
-        copies = arrays
-        planned = replicas.plan(leaves, lambda i: copies[i], store)
-        arrays = [copies[i] for i in planned.writes]
+        copies = _Copies(arrays)
+        planned = replicas.plan(leaves, copies.get, store)
+        arrays = copies.of(planned.writes, len(leaves))
         if step in planned.committed:
             existing(step)
     committed = planned.committed - {step}  # a damaged step saved again was deleted first
@@ -238,25 +243,50 @@ def save_step(
     if writer is not None and not coord.leader:
         writer.close()
     planner.committed(step, outcome.created)
-    return outcome
+    return outcome, planned.committed
+
+
+class _Copies:
+    """A snapshot's arrays, made a list only if the plan reads their bytes or leaves some out."""
+
+    def __init__(self, arrays: Iterable[np.ndarray[Any, Any]]) -> None:
+        self._arrays = arrays
+        self._list: list[np.ndarray[Any, Any]] | None = None
+
+    def get(self, i: int) -> np.ndarray[Any, Any]:
+        if self._list is None:
+            self._list = list(self._arrays)
+        return self._list[i]
+
+    def of(self, writes: list[int], count: int) -> Iterable[np.ndarray[Any, Any]]:
+        """The arrays at ``writes``, of ``count`` arrays in all."""
+        if self._list is None and writes == list(range(count)):
+            return self._arrays  # every array, in order: the writer takes each as its copy lands
+        return [self.get(i) for i in writes]
 
 
 def _write_part(
-    coord: Coordinator,
+    coord: Coordination,
     store: Store,
     planner: SavePlanner,
     step: int,
     committed: frozenset[int],
     leaves: list[ArrayLeaf],
-    arrays: list[np.ndarray[Any, Any]],
+    arrays: Iterable[np.ndarray[Any, Any]],
     planned: StepPlan,
 ) -> tuple[StepWriter | None, dict[int, PayloadEntry], str | None]:
     """Write the arrays the plan gives this rank; a failure is returned, not raised, so that the
-    other ranks hear of it at the next exchange instead of waiting for this one."""
+    other ranks hear of it at the next exchange instead of waiting for this one (one process raises
+    it as it is, after dropping its draft)."""
     writer = None
     entries: dict[int, PayloadEntry] = {}
+    failure: BaseException
     try:
-        writer = StepWriter(store, step, attempt=planned.attempt, part=f"r{coord.rank}")
+        if coord.shared:
+            writer = StepWriter(store, step, attempt=planned.attempt, part=f"r{coord.rank}")
+        else:  # one process writes the step whole
+            writer = StepWriter(store, step)
+        rank = coord.rank if coord.shared else None
         for i, array in zip(planned.writes, arrays, strict=True):
             leaf = leaves[i]
             encoded = planner.encode(leaf, array, step, committed)
@@ -268,12 +298,22 @@ def _write_part(
             shard = None if leaf.shard is None else (leaf.shard.global_shape, leaf.shard.offset)
             entries[i] = PayloadEntry(
                 leaf.path, leaf.kind, leaf.dtype, leaf.shape, put.file, put.offset, put.nbytes, put.xxh3,
-                config, encoded.base, coord.rank, shard, put.chunks,
+                config, encoded.base, rank, shard, put.chunks,
             )  # fmt: skip
-        writer.persist()
+        if coord.shared:  # durable before rank 0 commits it (one process: its commit makes it so)
+            writer.persist()
     except (CrashsafeError, OSError) as exc:
-        return writer, entries, str(exc)
-    return writer, entries, None
+        if coord.shared:
+            return writer, entries, str(exc)
+        failure = exc
+    except BaseException as exc:
+        failure = exc
+    else:
+        return writer, entries, None
+    if writer is not None:  # one process (or a failure no rank could report): nobody to tell, raised as it is
+        writer.abort()
+    planner.reset()  # references were advanced in place for a step that never committed
+    raise failure
 
 
 def _global_manifest(
@@ -303,7 +343,7 @@ def _entry(body: dict[str, Any]) -> PayloadEntry:
     shard, chunks = body.get("shard"), body.get("chunks")
     return PayloadEntry(
         body["path"], body["kind"], body["dtype"], tuple(body["shape"]), body["file"], body["offset"],
-        body["nbytes"], body["xxh3"], body["codec"], body.get("base"), body["rank"],
+        body["nbytes"], body["xxh3"], body["codec"], body.get("base"), body.get("rank"),
         None if shard is None else (tuple(shard["global"]), tuple(shard["offset"])),
         None if chunks is None else Chunks(chunks["bytes"], tuple(chunks["xxh3"])),
     )  # fmt: skip

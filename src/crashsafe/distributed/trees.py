@@ -16,10 +16,10 @@ from typing import Any
 from crashsafe._log import warn
 from crashsafe.errors import CrashsafeWarning
 from crashsafe.format.manifest import Manifest
+from crashsafe.format.tree import ARRAY_NODES
 
 __all__ = ["plain_tree"]
 
-_ARRAY_NODES = ("array", "view")
 _NAMED = 5  # ranks and paths a warning names
 _RNG = "crashsafe.state.rng.RNGState"  # the class a saved RNGState's node names
 
@@ -69,7 +69,7 @@ def _comparable(node: Any, manifest: Manifest) -> Any:
     if isinstance(node, dict):
         if node.get("t") == "stateful" and node.get("class") == _RNG:
             return _RNG
-        if node.get("t") in _ARRAY_NODES:
+        if node.get("t") in ARRAY_NODES:
             return {**node, "id": _held(manifest, node["id"])}
         return {key: _comparable(value, manifest) for key, value in node.items()}
     if isinstance(node, list):
@@ -82,7 +82,7 @@ def _arrays(node: Any, manifest: Manifest) -> dict[str, tuple[Any, ...]]:
     if isinstance(node, dict):
         if node.get("t") == "stateful" and node.get("class") == _RNG:
             return {}
-        if node.get("t") in _ARRAY_NODES:
+        if node.get("t") in ARRAY_NODES:
             return {manifest.payloads[node["id"]].path: _held(manifest, node["id"])}
         return {p: h for value in node.values() for p, h in _arrays(value, manifest).items()}
     if isinstance(node, list):

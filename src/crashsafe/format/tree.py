@@ -15,6 +15,7 @@ from typing import Any
 from crashsafe.format.checks import MAX_INT64, MAX_NDIM, MIN_INT64, bad, checked_int, member, show
 
 __all__ = [
+    "ARRAY_NODES",
     "DEVICE_TYPES",
     "MAX_DEVICE_INDEX",
     "MAX_INT_DIGITS",
@@ -27,6 +28,7 @@ __all__ = [
     "validate_tree",
 ]
 
+ARRAY_NODES = ("array", "view")  # tree nodes that point at a payload by its index
 MAX_TREE_DEPTH = 200
 MAX_TREE_NODES = 1_000_000
 MAX_INT_DIGITS = 4300  # Python's default int/str conversion limit
