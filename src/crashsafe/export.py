@@ -179,8 +179,7 @@ def _check_output(output: Path, directory: str | os.PathLike[str], folder_made_h
         )
     if not folder_made_here and not output.parent.is_dir():
         raise CrashsafeError(f"the directory of {output} does not exist; create it first")
-    # realpath, not Path.resolve: a link loop must not raise (RuntimeError) before the store says so
-    root = Path(os.path.realpath(directory)) if "://" not in str(directory) else None
+    root = _local_root(directory)
     where = Path(os.path.realpath(output.parent)) / output.name
     if root is not None and where.is_relative_to(root):
         name = where.relative_to(root)
@@ -189,6 +188,20 @@ def _check_output(output: Path, directory: str | os.PathLike[str], folder_made_h
                 f"{output} is one of the checkpoint directory's own entries, or inside one: writing there "
                 "could replace a committed step's files. Export somewhere else"
             )
+
+
+def _local_root(directory: str | os.PathLike[str]) -> Path | None:
+    """Where a checkpoint on this machine's file system is: a path, or a ``file://``/``local://`` URL
+    (the same directory through the object-store protocol, whose steps are as committed); None for
+    another store. realpath, not Path.resolve: a link loop must not raise (RuntimeError) before the
+    store says so."""
+    text = os.fspath(directory)
+    if "://" not in text:
+        return Path(os.path.realpath(text))
+    protocol, _, rest = text.partition("://")
+    if protocol.lower() not in ("file", "local"):
+        return None
+    return Path(os.path.realpath(rest.split("::", 1)[0]))
 
 
 def _kind(mode: int) -> str:
