@@ -145,6 +145,27 @@ def test_simulate_refuses_a_plot_target_it_cannot_or_must_not_write(tmp_path: Pa
     assert f"wrote the plot to {bare}" in " ".join(done.out.split())
 
 
+def test_simulate_never_writes_the_plot_through_a_link_nor_over_a_hard_link(
+    tmp_path: Path, ckpt: Path
+) -> None:
+    """``--plot`` (default ``simulate.png`` in the current folder) was opened by path, following a
+    link: a ``simulate.png`` linked to a committed step's manifest was overwritten with the PNG (the
+    step then failed verification, the command said "wrote the plot"). A symbolic link is refused
+    untouched; a hard link is replaced by a rename, so the file it shares bytes with keeps them."""
+    manifest = ckpt / f"step_{1:012d}" / "manifest.json"
+    before = manifest.read_bytes()
+    link = tmp_path / "simulate.png"
+    link.symlink_to(manifest)
+    _clear_error(invoke(*_SIMULATE, "--plot", str(link), timeout=60), "is a symbolic link")
+    hard = tmp_path / "hard.png"
+    os.link(manifest, hard)
+    done = invoke(*_SIMULATE, "--plot", str(hard), timeout=60)
+    assert done.code == 0, done.err
+    assert hard.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and manifest.read_bytes() == before
+    assert link.is_symlink() and cs.verify(ckpt).ok
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hard.png", "simulate.png"]  # no temporary left
+
+
 @pytest.mark.parametrize(
     ("args", "words"),
     [
