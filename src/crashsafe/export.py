@@ -47,6 +47,7 @@ def export_safetensors(
     """Write the tensors of ``step`` (default newest) under ``prefix`` to ``output`` with the prefix
     stripped (kept with ``keep_prefix``); return (step, count, bytes). Bytes and python values are
     not exported."""
+    _require_safetensors()
     out = Path(output)
     _check_output(out, directory)
     found, manifest, arrays = _read(directory, step, storage_options)
@@ -69,6 +70,7 @@ def export_hf(
     """A folder ``from_pretrained`` reads: ``model.safetensors`` (the tensors under ``prefix``, prefix
     stripped) and, if the state holds ``hf_config``, ``config.json``. Returns (step, count, bytes,
     whether a config was written)."""
+    _require_safetensors()
     out = Path(folder)
     if os.path.lexists(out) and not out.is_dir():
         raise CrashsafeError(f"{out} exists and is not a directory; give a folder for --hf-dir")
@@ -94,6 +96,18 @@ def export_hf(
                 raise CrashsafeError(f"writing {out / _CONFIG} failed: {exc.strerror or exc}") from None
         outputs.publish()
     return found, len(tensors), sum(a.nbytes for a in tensors.values()), isinstance(config, dict)
+
+
+def _require_safetensors() -> None:
+    """CrashsafeError, before anything is read, where the safetensors package is missing (it comes
+    with ``crashsafe[torch]``; a plain install has the command but not the package)."""
+    try:
+        import safetensors  # noqa: F401
+    except ImportError:
+        raise CrashsafeError(
+            "export writes safetensors files and needs the safetensors package: pip install "
+            "'crashsafe[torch]' (or just safetensors for tensors other than bfloat16)"
+        ) from None
 
 
 def _read(
