@@ -225,3 +225,23 @@ def test_a_url_whose_backend_cannot_open_is_a_clear_error(
     for url in urls:
         _clear_error(invoke_here(command, url, *extra), f"cannot open {url}", "Check the URL")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_brackets_in_paths_names_and_hints_are_printed_as_they_are(tmp_path: Path) -> None:
+    """Errors, ``ls`` headers and ``shelf inspect`` went through rich markup: a location or a metric
+    or shelf variable named with ``[/]`` was a MarkupError traceback (exit 1), ``run[a]`` was printed
+    as ``run``, and the hint "pip install 'crashsafe[torch]'" as "pip install 'crashsafe'"."""
+    for where in ("a[/]b", "run[bold]x"):
+        _clear_error(invoke_here("ls", str(tmp_path / where)), f"{tmp_path / where} does not exist")
+    run = tmp_path / "run"
+    with cs.CheckpointManager(run) as mgr:
+        mgr.save(1, {"a[/]b": np.ones(2)}, metrics={"[/]": 1.0, "loss[red]": 2.0})
+    listed = invoke_here("ls", str(run))
+    assert listed.code == 0 and "Traceback" not in listed.err, listed.err
+    assert "[/]" in listed.out and "loss[red]" in listed.out, listed.out
+    shelf = tmp_path / "s.shelf"
+    with cs.Shelf(shelf, size="1MiB") as s:
+        s["a[/]b"] = 1
+        s["[bold]v"] = "[/]"
+    shown = invoke_here("shelf", "inspect", str(shelf))
+    assert shown.code == 0 and "a[/]b" in shown.out and "[bold]v" in shown.out, (shown.out, shown.err)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.text import Text
 
 from crashsafe.cli._common import JsonOpt, console, emit_json, err, fail
 from crashsafe.cli._tables import Column, print_table
@@ -144,7 +145,7 @@ def simulate_cmd(
         "+ rolled-back loss decrease priced at the job's mean convergence rate; "
         "vs 1st = paired ratio"
     )
-    console.print(f"wrote the plot to {plot.resolve()}")
+    console.print(Text(f"wrote the plot to {plot.resolve()}"))
 
 
 _CENTURY = 100 * 365.25 * 86400.0  # seconds
