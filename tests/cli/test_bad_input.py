@@ -4,6 +4,7 @@ traceback and no hang (each case found by an audit, where it was a traceback or 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -245,3 +246,14 @@ def test_brackets_in_paths_names_and_hints_are_printed_as_they_are(tmp_path: Pat
         s["[bold]v"] = "[/]"
     shown = invoke_here("shelf", "inspect", str(shelf))
     assert shown.code == 0 and "a[/]b" in shown.out and "[bold]v" in shown.out, (shown.out, shown.err)
+
+
+def test_simulate_without_matplotlib_says_what_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """matplotlib comes with the science extra: a plain install ran the whole simulation, then failed
+    on a ModuleNotFoundError traceback."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib fails, as where missing
+    plot = tmp_path / "p.png"
+    _clear_error(invoke_here(*_SIMULATE, "--plot", str(plot)), "pip install 'crashsafe[science]'")
+    assert not plot.exists()

@@ -66,6 +66,7 @@ def simulate_cmd(
     from crashsafe.sim import paired_ratio, simulate
 
     _check_plot(plot)
+    _check_matplotlib()
     try:
         for option, value in (("--ckpt-cost", ckpt_cost), ("--persist", persist), ("--restart", restart)):
             _within_a_century(option, value)
@@ -186,6 +187,15 @@ def _check_plot(path: Path) -> None:
             f"--plot {path} is not a regular file (a directory, FIFO or device); give a file path for the "
             f"PNG, e.g. {path / 'simulate.png' if stat.S_ISDIR(mode) else 'simulate.png'}"
         )
+
+
+def _check_matplotlib() -> None:
+    """Refuse to simulate where the plot cannot be drawn: matplotlib comes with the science extra,
+    and a plain install failed on a ModuleNotFoundError traceback after the whole simulation."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise fail("simulate draws its plot with matplotlib: pip install 'crashsafe[science]'") from None
 
 
 def _save_plot(results: list[SimResult], profile: Profile, path: Path, title: str) -> None:
