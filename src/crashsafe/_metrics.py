@@ -19,7 +19,13 @@ def clean_metrics(metrics: Mapping[str, Any] | None) -> dict[str, Any]:
         raise UnsupportedStateError(f"metrics must be a dict of numbers, got {metrics!r}")
     clean: dict[str, Any] = {}
     for key, value in metrics.items():
-        number = _number(value)
+        try:
+            number = _number(value)
+        except OverflowError:  # an int past a float's range (10**400): it was an OverflowError traceback
+            raise UnsupportedStateError(
+                f"metric {key!r} = {value!r} is too large for a float (metrics are stored as floats); "
+                "pass a smaller number, or leave the metric out"
+            ) from None
         if number is None:
             raise UnsupportedStateError(
                 f"metric {key!r} = {value!r} is not a number; metrics hold numbers only (a string such as "

@@ -47,6 +47,7 @@ def export_safetensors(
     """Write the tensors of ``step`` (default newest) under ``prefix`` to ``output`` with the prefix
     stripped (kept with ``keep_prefix``); return (step, count, bytes). Bytes and python values are
     not exported."""
+    _require_safetensors()
     out = Path(output)
     _check_output(out, directory)
     found, manifest, arrays = _read(directory, step, storage_options)
@@ -69,6 +70,7 @@ def export_hf(
     """A folder ``from_pretrained`` reads: ``model.safetensors`` (the tensors under ``prefix``, prefix
     stripped) and, if the state holds ``hf_config``, ``config.json``. Returns (step, count, bytes,
     whether a config was written)."""
+    _require_safetensors()
     out = Path(folder)
     if os.path.lexists(out) and not out.is_dir():
         raise CrashsafeError(f"{out} exists and is not a directory; give a folder for --hf-dir")
@@ -94,6 +96,18 @@ def export_hf(
                 raise CrashsafeError(f"writing {out / _CONFIG} failed: {exc.strerror or exc}") from None
         outputs.publish()
     return found, len(tensors), sum(a.nbytes for a in tensors.values()), isinstance(config, dict)
+
+
+def _require_safetensors() -> None:
+    """CrashsafeError, before anything is read, where the safetensors package is missing (it comes
+    with ``crashsafe[torch]``; a plain install has the command but not the package)."""
+    try:
+        import safetensors  # noqa: F401
+    except ImportError:
+        raise CrashsafeError(
+            "export writes safetensors files and needs the safetensors package: pip install "
+            "'crashsafe[torch]' (or just safetensors for tensors other than bfloat16)"
+        ) from None
 
 
 def _read(
@@ -179,8 +193,7 @@ def _check_output(output: Path, directory: str | os.PathLike[str], folder_made_h
         )
     if not folder_made_here and not output.parent.is_dir():
         raise CrashsafeError(f"the directory of {output} does not exist; create it first")
-    # realpath, not Path.resolve: a link loop must not raise (RuntimeError) before the store says so
-    root = Path(os.path.realpath(directory)) if "://" not in str(directory) else None
+    root = _local_root(directory)
     where = Path(os.path.realpath(output.parent)) / output.name
     if root is not None and where.is_relative_to(root):
         name = where.relative_to(root)
@@ -189,6 +202,20 @@ def _check_output(output: Path, directory: str | os.PathLike[str], folder_made_h
                 f"{output} is one of the checkpoint directory's own entries, or inside one: writing there "
                 "could replace a committed step's files. Export somewhere else"
             )
+
+
+def _local_root(directory: str | os.PathLike[str]) -> Path | None:
+    """Where a checkpoint on this machine's file system is: a path, or a ``file://``/``local://`` URL
+    (the same directory through the object-store protocol, whose steps are as committed); None for
+    another store. realpath, not Path.resolve: a link loop must not raise (RuntimeError) before the
+    store says so."""
+    text = os.fspath(directory)
+    if "://" not in text:
+        return Path(os.path.realpath(text))
+    protocol, _, rest = text.partition("://")
+    if protocol.lower() not in ("file", "local"):
+        return None
+    return Path(os.path.realpath(rest.split("::", 1)[0]))
 
 
 def _kind(mode: int) -> str:

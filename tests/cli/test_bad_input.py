@@ -4,6 +4,7 @@ traceback and no hang (each case found by an audit, where it was a traceback or 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -145,6 +146,27 @@ def test_simulate_refuses_a_plot_target_it_cannot_or_must_not_write(tmp_path: Pa
     assert f"wrote the plot to {bare}" in " ".join(done.out.split())
 
 
+def test_simulate_never_writes_the_plot_through_a_link_nor_over_a_hard_link(
+    tmp_path: Path, ckpt: Path
+) -> None:
+    """``--plot`` (default ``simulate.png`` in the current folder) was opened by path, following a
+    link: a ``simulate.png`` linked to a committed step's manifest was overwritten with the PNG (the
+    step then failed verification, the command said "wrote the plot"). A symbolic link is refused
+    untouched; a hard link is replaced by a rename, so the file it shares bytes with keeps them."""
+    manifest = ckpt / f"step_{1:012d}" / "manifest.json"
+    before = manifest.read_bytes()
+    link = tmp_path / "simulate.png"
+    link.symlink_to(manifest)
+    _clear_error(invoke(*_SIMULATE, "--plot", str(link), timeout=60), "is a symbolic link")
+    hard = tmp_path / "hard.png"
+    os.link(manifest, hard)
+    done = invoke(*_SIMULATE, "--plot", str(hard), timeout=60)
+    assert done.code == 0, done.err
+    assert hard.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and manifest.read_bytes() == before
+    assert link.is_symlink() and cs.verify(ckpt).ok
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hard.png", "simulate.png"]  # no temporary left
+
+
 @pytest.mark.parametrize(
     ("args", "words"),
     [
@@ -204,3 +226,34 @@ def test_a_url_whose_backend_cannot_open_is_a_clear_error(
     for url in urls:
         _clear_error(invoke_here(command, url, *extra), f"cannot open {url}", "Check the URL")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_brackets_in_paths_names_and_hints_are_printed_as_they_are(tmp_path: Path) -> None:
+    """Errors, ``ls`` headers and ``shelf inspect`` went through rich markup: a location or a metric
+    or shelf variable named with ``[/]`` was a MarkupError traceback (exit 1), ``run[a]`` was printed
+    as ``run``, and the hint "pip install 'crashsafe[torch]'" as "pip install 'crashsafe'"."""
+    for where in ("a[/]b", "run[bold]x"):
+        _clear_error(invoke_here("ls", str(tmp_path / where)), f"{tmp_path / where} does not exist")
+    run = tmp_path / "run"
+    with cs.CheckpointManager(run) as mgr:
+        mgr.save(1, {"a[/]b": np.ones(2)}, metrics={"[/]": 1.0, "loss[red]": 2.0})
+    listed = invoke_here("ls", str(run))
+    assert listed.code == 0 and "Traceback" not in listed.err, listed.err
+    assert "[/]" in listed.out and "loss[red]" in listed.out, listed.out
+    shelf = tmp_path / "s.shelf"
+    with cs.Shelf(shelf, size="1MiB") as s:
+        s["a[/]b"] = 1
+        s["[bold]v"] = "[/]"
+    shown = invoke_here("shelf", "inspect", str(shelf))
+    assert shown.code == 0 and "a[/]b" in shown.out and "[bold]v" in shown.out, (shown.out, shown.err)
+
+
+def test_simulate_without_matplotlib_says_what_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """matplotlib comes with the science extra: a plain install ran the whole simulation, then failed
+    on a ModuleNotFoundError traceback."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib fails, as where missing
+    plot = tmp_path / "p.png"
+    _clear_error(invoke_here(*_SIMULATE, "--plot", str(plot)), "pip install 'crashsafe[science]'")
+    assert not plot.exists()

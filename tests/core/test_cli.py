@@ -85,6 +85,22 @@ def test_export_refuses_a_target_it_must_not_replace(ckpt: Path, tmp_path: Path)
     assert cs.verify(ckpt).ok and (tmp_path / "fifo").is_fifo()
 
 
+@pytest.mark.parametrize("scheme", ["file://", "local://"])
+def test_export_of_a_file_url_refuses_its_own_entries(ckpt: Path, scheme: str) -> None:
+    """The same directory given as a ``file://`` URL: export skipped the check of the checkpoint's
+    own entries for every URL, so ``export file://ckpt -o ckpt/step_.../manifest.json`` replaced a
+    committed manifest with safetensors bytes (the step then failed verification)."""
+    step = ckpt / f"step_{3:012d}"
+    before = (step / "manifest.json").read_bytes()
+    for target in (step / "manifest.json", step / "data.bin", ckpt / ".lock"):
+        result = runner.invoke(app, ["export", f"{scheme}{ckpt}", "-o", str(target)])
+        assert result.exit_code == 2 and "checkpoint directory's own entries" in result.output, result.output
+    hf = runner.invoke(app, ["export", f"{scheme}{ckpt}", "--hf-dir", str(step)])
+    assert hf.exit_code == 2 and "checkpoint directory's own entries" in hf.output, hf.output
+    assert (step / "manifest.json").read_bytes() == before and not (step / "model.safetensors").exists()
+    assert cs.verify(ckpt).ok
+
+
 def test_gc_keeps_the_newest(ckpt: Path) -> None:
     result = runner.invoke(app, ["gc", str(ckpt), "--keep-last", "2"])
     assert result.exit_code == 0, result.output

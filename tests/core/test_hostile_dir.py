@@ -189,6 +189,29 @@ def test_a_directory_deleted_under_its_writer_stops_it(tmp_path: Path, async_sav
     mgr.close()
 
 
+@pytest.mark.parametrize("async_save", [False, True])
+def test_a_writer_opened_by_a_relative_path_survives_a_chdir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, async_save: bool
+) -> None:
+    """The writer's check that its directory is still there looked its relative path up again from
+    the new working directory: after an ``os.chdir`` (a launcher, a notebook, a library that changes
+    directory) every save failed with "the checkpoint directory was deleted or replaced ... the
+    steps it held are gone", while the directory and its steps were intact."""
+    monkeypatch.chdir(tmp_path)
+    mgr = cs.CheckpointManager("ckpt", keep_last=None, async_save=async_save)
+    mgr.save(1, _state(1))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    mgr.save(2, _state(2))
+    mgr.close()
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir() if p.name.startswith("step_")) == [
+        "step_000000000001",
+        "step_000000000002",
+    ]
+    assert not (elsewhere / "ckpt").exists()
+
+
 def test_a_reader_follows_a_replaced_directory(tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
     _run(ckpt, range(1, 3))

@@ -263,6 +263,14 @@ def test_a_metric_that_is_text_or_a_truth_value_is_refused(tmp_path: Path, value
         assert mgr.steps() == [1] and mgr.best_step("loss", mode="max") == 1
 
 
+def test_a_metric_past_a_floats_range_is_refused_clearly(tmp_path: Path) -> None:
+    """An int metric too large for a float (``10**400``) was an OverflowError traceback from save."""
+    with cs.CheckpointManager(tmp_path, async_save=False, keep_last=None) as mgr:
+        with pytest.raises(cs.UnsupportedStateError, match="'loss' = .* is too large for a float"):
+            mgr.save(1, _state(1), metrics={"loss": 10**400})
+        assert mgr.steps() == []
+
+
 def test_metrics_are_recorded_in_the_manifest(tmp_path: Path) -> None:
     with cs.CheckpointManager(tmp_path) as mgr:
         mgr.save(1, _state(1), metrics={"loss": 0.25, "nan": float("nan")})

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 import warnings
@@ -344,3 +346,25 @@ def test_restores_racing_a_deleting_writer_end_whole_or_untouched(tmp_path: Path
             if pipe is not None:
                 pipe.close()
         shutil.rmtree(directory)
+
+
+def test_restore_works_where_torch_is_not_installed(tmp_path: Path) -> None:
+    """A restore of numpy arrays in a process without torch (numpy and JAX users): it waited for the
+    CUDA devices of no tensors and failed on an ``AssertionError`` ("CUDA tensors imply torch is
+    imported"), so every in-place restore without torch was a traceback. The test process has torch
+    imported, so the child blocks it."""
+    script = f"""
+import sys
+sys.modules["torch"] = None  # import torch fails, as where it is not installed
+import numpy as np
+import crashsafe as cs
+with cs.CheckpointManager({str(tmp_path / "ckpt")!r}, async_save=False) as mgr:
+    mgr.save(1, {{"w": np.arange(5.0), "n": 3}})
+    live = {{"w": np.zeros(5), "n": 0}}
+    assert mgr.restore(live) == 1
+    assert live["w"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0] and live["n"] == 3, live
+assert "torch" not in sys.modules or sys.modules["torch"] is None
+print("restored")
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "restored" in result.stdout, result.stderr[-2000:]

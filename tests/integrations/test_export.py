@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -157,3 +158,18 @@ def test_export_of_a_symlink_loop_is_a_clear_error(tmp_path: Path) -> None:
         assert result.exit_code == 2 and "error:" in result.output, (args, result.output)
         assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
     assert loop.is_symlink() and cs.verify(ckpt).ok
+
+
+@pytest.mark.parametrize("how", [["-o", "out.safetensors"], ["--hf-dir", "hf"]])
+def test_export_without_safetensors_says_what_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: list[str]
+) -> None:
+    """A plain ``pip install crashsafe`` has the command but not safetensors (it comes with the torch
+    extra): export read the whole step, then failed on a ModuleNotFoundError traceback."""
+    ckpt = _numpy_run(tmp_path / "ckpt")
+    monkeypatch.setitem(sys.modules, "safetensors", None)  # import safetensors fails, as where missing
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["export", str(ckpt), *how])
+    assert result.exit_code == 2 and "pip install 'crashsafe[torch]'" in " ".join(result.output.split())
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]  # nothing written, no folder made

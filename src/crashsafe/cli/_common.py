@@ -147,7 +147,7 @@ def finish(as_json: bool, document: dict[str, Any], text: str) -> None:
     if as_json:
         emit_json(document)
     else:
-        console.print(text)
+        console.print(Text(text))  # no markup: it quotes paths
 
 
 def command_group(name: str, help: str) -> typer.Typer:
@@ -164,7 +164,10 @@ def command_group(name: str, help: str) -> typer.Typer:
 
 def fail(message: str, code: int = 2) -> typer.Exit:
     """Print ``message`` as an error on stderr; return the exit to raise (``raise fail(...)``)."""
-    err.print(f"[bold red]error:[/] {message}", soft_wrap=not err.is_terminal)  # piped: one line
+    # a Text, not markup: a message quotes paths, names and hints ("crashsafe[torch]", "run[a]",
+    # "a[/]b") that markup would drop or choke on (a MarkupError traceback)
+    line = Text.assemble(("error:", "bold red"), f" {message}")
+    err.print(line, soft_wrap=not err.is_terminal)  # piped: one line
     return typer.Exit(code)
 
 

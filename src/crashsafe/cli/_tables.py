@@ -69,8 +69,12 @@ def print_table(
     )
     for i, width in zip(shown, widths, strict=True):
         c = columns[i]
-        table.add_column(
-            c.name, justify="right" if c.right else "left", width=width, no_wrap=not c.folds, overflow="fold"
+        table.add_column(  # a Text: a metric's name is the user's (or a manifest's), never markup
+            Text(c.name),
+            justify="right" if c.right else "left",
+            width=width,
+            no_wrap=not c.folds,
+            overflow="fold",
         )
     for row in rows:
         table.add_row(*(_cell(row[i], w, columns[i].breaks) for i, w in zip(shown, widths, strict=True)))

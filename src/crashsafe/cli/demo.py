@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
+from rich.text import Text
 
 from crashsafe.cli._common import progress_bar
 from crashsafe.cli._tables import Column, print_table
@@ -208,7 +209,7 @@ def _train_and_compare(
             )
             return False
     except (RuntimeError, TimeoutError) as exc:
-        console.print(f"[bold red]{exc}[/]")
+        console.print(Text(str(exc), style="bold red"))
         return False
     finally:
         if reference.poll() is None:

@@ -16,6 +16,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 if TYPE_CHECKING:
     from crashsafe.ps import Failure, PSConfig, PSJob, RunResult
@@ -123,7 +124,7 @@ def demo_cmd(
             else []
         )
     except CrashsafeError as exc:
-        err.print(f"[bold red]error:[/] {exc}")
+        err.print(Text.assemble(("error:", "bold red"), f" {exc}"))
         raise typer.Exit(2) from None
     console = Console(file=sys.stdout)  # the terminal, also while sys.stdout is Ray's log file
     work = Path(tempfile.mkdtemp(prefix="cs-ps-"))  # short: Ray's socket paths must fit in 107 bytes

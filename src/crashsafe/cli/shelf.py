@@ -7,8 +7,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
 from rich.table import Table
+from rich.text import Text
 
 from crashsafe.cli._common import command_group, console, err, fail, human_bytes
 
@@ -47,28 +49,30 @@ def inspect_cmd(
                                                                                 total=total))
     except CrashsafeError as exc:
         raise fail(str(exc)) from None
-    table = Table(title=f"{path}  (format {report.format_version}, created {_when(report.created)})")
+    # names and values are the shelf's (anyone's): shown as Text, never read as markup ("a[/]b")
+    table = Table(title=Text(f"{path}  (format {report.format_version}, created {_when(report.created)})"))
     for col in ("variable", "kind", "dtype", "shape", "bytes", "version", "value", "status"):
         table.add_column(col, justify="right" if col in ("bytes", "version") else "left")
     for v in report.variables:
         status = {True: "[green]ok[/]", False: "[red]DAMAGED[/]", None: "-"}[v.intact]
         shape = ("x".join(map(str, v.shape)) or "()") if v.kind == "array" else ""
-        table.add_row(v.name, v.kind, v.dtype, shape, human_bytes(v.nbytes) if v.kind != "scalar" else "",
-                      str(v.version), _value(v.kind, v.value), status)
+        size = human_bytes(v.nbytes) if v.kind != "scalar" else ""
+        value = Text(_value(v.kind, v.value))
+        table.add_row(Text(v.name), v.kind, v.dtype, shape, size, str(v.version), value, status)
     console.print(table)
     tx = report.last_transaction
-    console.print(f"arena {human_bytes(report.size)}: {human_bytes(report.used)} of "
-                  f"{human_bytes(report.data_bytes)} data in use by {len(report.variables)} variables")
-    console.print(f"last committed transaction: #{tx.get('seq', '?')} at {_when(tx.get('time'))}; "
+    console.print(Text(f"arena {human_bytes(report.size)}: {human_bytes(report.used)} of "
+                  f"{human_bytes(report.data_bytes)} data in use by {len(report.variables)} variables"))
+    console.print(Text(f"last committed transaction: #{tx.get('seq', '?')} at {_when(tx.get('time'))}; "
                   f"changed {tx.get('changed', [])}, deleted {tx.get('deleted', [])}  "
-                  f"(metadata seq {report.seq}; other copy: {report.spare_slot})")
+                  f"(metadata seq {report.seq}; other copy: {report.spare_slot})"))
     if report.loop:
-        console.print(f"loop over {list(report.loop)}: each array has a spare block; its commits are "
-                      "loop records")
+        console.print(Text(f"loop over {list(report.loop)}: each array has a spare block; its commits are "
+                           "loop records"))
     if report.last_rollback:
         rb = report.last_rollback
-        console.print(f"last rollback: transaction #{rb.get('tx')} at {_when(rb.get('time'))} "
-                      f"({rb.get('reason')}); restored in place: {rb.get('restored')}")
+        console.print(Text(f"last rollback: transaction #{rb.get('tx')} at {_when(rb.get('time'))} "
+                           f"({rb.get('reason')}); restored in place: {rb.get('restored')}"))
     if report.pending:
         console.print(f"[yellow]incomplete transaction #{report.pending.seq}[/] (began "
                       f"{_when(report.pending.started)}, {len(report.pending.undo)} blocks overwritten "
@@ -80,6 +84,6 @@ def inspect_cmd(
                   "run those iterations again")
     if report.damaged:
         err.print(f"[bold red]{len(report.damaged)} variable(s) fail their checksums:[/] "
-                  f"{', '.join(report.damaged)}. Restore the file from a copy.")
+                  f"{escape(', '.join(report.damaged))}. Restore the file from a copy.")
     if report.damaged or report.lost:
         raise typer.Exit(1)

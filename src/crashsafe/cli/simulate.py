@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import secrets
 import stat
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.text import Text
 
 from crashsafe.cli._common import JsonOpt, console, emit_json, err, fail
 from crashsafe.cli._tables import Column, print_table
@@ -63,6 +66,7 @@ def simulate_cmd(
     from crashsafe.sim import paired_ratio, simulate
 
     _check_plot(plot)
+    _check_matplotlib()
     try:
         for option, value in (("--ckpt-cost", ckpt_cost), ("--persist", persist), ("--restart", restart)):
             _within_a_century(option, value)
@@ -142,7 +146,7 @@ def simulate_cmd(
         "+ rolled-back loss decrease priced at the job's mean convergence rate; "
         "vs 1st = paired ratio"
     )
-    console.print(f"wrote the plot to {plot.resolve()}")
+    console.print(Text(f"wrote the plot to {plot.resolve()}"))
 
 
 _CENTURY = 100 * 365.25 * 86400.0  # seconds
@@ -163,20 +167,35 @@ def _within_a_century(option: str, value: str) -> None:
 
 def _check_plot(path: Path) -> None:
     """Refuse a --plot target before simulating: a missing folder, or something there that is not a
-    regular file (a directory, FIFO or device), which the plot must never go into or replace."""
+    regular file (a symbolic link, even to a file, a directory, FIFO or device), which the plot must
+    never go into, through or replace (rule 17 of the design: outputs as careful as inputs)."""
     try:
-        mode = os.stat(path).st_mode
+        mode = os.lstat(path).st_mode
     except (FileNotFoundError, NotADirectoryError):
         if not path.parent.is_dir():
             raise fail(f"--plot {path}: {path.parent} is not an existing folder; create it first") from None
         return
     except OSError as exc:
         raise fail(f"--plot {path}: {exc.strerror or exc}; give another path for the PNG") from None
+    if stat.S_ISLNK(mode):
+        raise fail(
+            f"--plot {path} is a symbolic link: the plot is never written through one (it could lead to "
+            "a checkpoint's file). Remove it or give another path for the PNG"
+        )
     if not stat.S_ISREG(mode):
         raise fail(
             f"--plot {path} is not a regular file (a directory, FIFO or device); give a file path for the "
             f"PNG, e.g. {path / 'simulate.png' if stat.S_ISDIR(mode) else 'simulate.png'}"
         )
+
+
+def _check_matplotlib() -> None:
+    """Refuse to simulate where the plot cannot be drawn: matplotlib comes with the science extra,
+    and a plain install failed on a ModuleNotFoundError traceback after the whole simulation."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise fail("simulate draws its plot with matplotlib: pip install 'crashsafe[science]'") from None
 
 
 def _save_plot(results: list[SimResult], profile: Profile, path: Path, title: str) -> None:
@@ -191,23 +210,31 @@ def _save_plot(results: list[SimResult], profile: Profile, path: Path, title: st
 
 
 def _write_regular(path: Path, data: bytes) -> None:
-    """Write ``data`` to the regular file at ``path`` (created if missing). The file is opened
-    without waiting and checked before a byte is written: a FIFO or device is refused untouched."""
+    """Put ``data`` at ``path``: written into a new file beside it (created exclusively, never through
+    a link), made durable, then renamed over ``path`` once ``path`` is still a regular file or
+    nothing. A rename never follows a link at its target and never opens it, so a link, FIFO or
+    device there is refused untouched, and a hard link to another file (a committed manifest) is
+    replaced, never written over."""
+    tmp = path.with_name(f".{path.name}.crashsafe-{secrets.token_hex(4)}")
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     except OSError as exc:
         raise fail(f"cannot write the plot to {path}: {exc.strerror}; give another --plot path") from None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise fail(f"--plot {path} is not a regular file (a FIFO or device); give a file path for it")
-        os.ftruncate(fd, 0)
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        _check_plot(path)  # again: something may have been put there while simulating
+        os.rename(tmp, path)
     except OSError as exc:
         raise fail(f"cannot write the plot to {path}: {exc.strerror}; give another --plot path") from None
     finally:
-        os.close(fd)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
 
 
 def _policy_json(result: SimResult, first: SimResult) -> dict[str, Any]:

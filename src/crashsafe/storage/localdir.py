@@ -36,17 +36,21 @@ class UnsafeEntryError(CorruptCheckpointError):
 class LocalDir(Closing):
     """An open directory. Children are opened relative to it; links are never followed."""
 
-    def __init__(self, path: Path, fd: int) -> None:
-        self.path = path
+    def __init__(self, path: Path, fd: int, absolute: str | None = None) -> None:
+        self.path = path  # as the user gave it (for messages)
         self.fd = fd
+        # where it is, whatever the working directory becomes: a relative path opened before an
+        # os.chdir names another place after it (is_current)
+        self._absolute = os.path.abspath(path) if absolute is None else absolute
         st = os.fstat(fd)
         self._identity = (st.st_dev, st.st_ino)
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> LocalDir:
         """Open the directory at ``path`` (which may itself be a link: the user chose it)."""
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        return cls(Path(path), fd)
+        absolute = os.path.abspath(path)
+        fd = os.open(absolute, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        return cls(Path(path), fd, absolute)
 
     # ------------------------------------------------------------------------- opening
 
@@ -56,7 +60,7 @@ class LocalDir(Closing):
             fd = os.open(name, _DIR, dir_fd=self.fd)
         except OSError as exc:
             raise self._unsafe(name, exc) from None
-        return LocalDir(self.path / name, fd)
+        return LocalDir(self.path / name, fd, os.path.join(self._absolute, name))
 
     def open_file(self, name: str) -> int:
         """A read-only fd of the regular file ``name`` (the caller closes it)."""
@@ -168,7 +172,7 @@ class LocalDir(Closing):
         try:
             if os.fstat(self.fd).st_nlink == 0:
                 return False
-            st = os.stat(self.path)
+            st = os.stat(self._absolute)
         except OSError:
             return False
         return (st.st_dev, st.st_ino) == self._identity
