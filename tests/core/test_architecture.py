@@ -34,10 +34,13 @@ LAYERS: list[tuple[str, ...]] = [
     ("crashsafe.distributed",),
     (
         "crashsafe.verification",
+        "crashsafe.catalog",
         "crashsafe.export",
         "crashsafe.loading",
         "crashsafe.mirroring",
+        "crashsafe.tiers",
         "crashsafe.pending",
+        "crashsafe.pacing",
         "crashsafe.saving",
         "crashsafe.restoring",
         "crashsafe.mapping",

@@ -1,5 +1,6 @@
-"""Many processes, one checkpoint: the collective side of CheckpointManager on torch.distributed.
+"""One process or many: how the processes of a CheckpointManager coordinate (one alone, every
+exchange a no-op; or the ranks of a torch.distributed job), who writes which array, the one
+``save_step`` and its commit, and shards restored into any number of ranks. See docs/distributed.md.
 
-Nothing here is imported unless a manager runs on a process group (``import crashsafe`` stays free
-of torch.distributed). See docs/distributed.md.
+torch.distributed itself is imported only when a process group is in use.
 """
