@@ -179,7 +179,8 @@ class CheckpointManager:
         from it and trained on saves it again, so the damaged one is deleted first (with a warning).
         Refused too if an intact step is a delta of it: the new save would leave that one unreadable."""
         self._collective.agree(lambda: self._tiers.make_room(step), f"saving step {step}")
-        warn(f"step {step} was committed but damaged; deleted, it is saved again", CorruptCheckpointWarning)
+        message = f"step {step} was committed but damaged; it was deleted and is saved again"
+        warn(message, CorruptCheckpointWarning)
 
     def maybe_save(
         self, step: int, state: Mapping[str, Any], metrics: Mapping[str, Any] | None = None

@@ -262,10 +262,10 @@ def test_a_writer_that_lost_its_lease_stops(bucket: str, options: dict[str, Any]
     fs = s3fs.S3FileSystem(**options)  # another writer takes the lease over (as after a long pause)
     fs.pipe_file(f"{bucket}/run/.lock", b'{"holder": "other:1:y", "expires": %f}' % (time.time() + 60))
     time.sleep(0.1)
-    mgr._lock._expires = 0.0  # type: ignore[union-attr]  # as if this writer had been paused past its lease
+    mgr._tiers._lock._expires = 0.0  # type: ignore[union-attr]  # as if this writer had been paused past its lease
     with pytest.raises(cs.LockedError, match="expired before it could be renewed"):
         mgr.save(2, _state(2))
-    assert mgr._lock._renew() is False  # type: ignore[union-attr]  # (what its renewer finds next)
+    assert mgr._tiers._lock._renew() is False  # type: ignore[union-attr]  # (what its renewer finds next)
     mgr.close()
     assert cs.CheckpointManager(url, storage_options=options, read_only=True).steps() == [1]
 
@@ -345,8 +345,8 @@ def test_a_mirror_whose_lease_was_taken_over_writes_and_deletes_nothing(
     mgr = cs.CheckpointManager(tmp_path / "local", mirror=url, storage_options=options, mirror_keep_last=1)
     mgr.save(1, _state(1))
     assert mgr.wait_mirror(60)
-    assert mgr._mirror is not None
-    mgr._mirror._lock._lost = "another writer took over the lease"  # type: ignore[attr-defined]
+    assert mgr._tiers._mirror is not None
+    mgr._tiers._mirror._lock._lost = "another writer took over the lease"  # type: ignore[attr-defined]
     other = FsspecStore(url, options)  # that writer's step (its lease is not what this test is about)
     writer = StepWriter(other, 5)
     writer.commit(Manifest(5, time.time(), _tree(), (_entry(writer, "w", np.ones(10)),), writer.files()))

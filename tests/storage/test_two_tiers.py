@@ -241,11 +241,11 @@ def test_a_mirror_whose_lease_expired_in_an_outage_uploads_again(
             mgr.save(3, _state(3))
             assert not mgr.wait_mirror(timeout=60)
             proxy.fault("pass", 0)  # the mirror is back
-            assert mgr._mirror is not None
+            assert mgr._tiers._mirror is not None
             deadline = time.monotonic() + 30
             while True:  # its lease renewed in the background (or the test gives up)
                 try:
-                    mgr._mirror._lock.check()
+                    mgr._tiers._mirror._lock.check()
                     break
                 except cs.LockedError:
                     assert time.monotonic() < deadline
