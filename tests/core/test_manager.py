@@ -271,6 +271,15 @@ def test_a_metric_past_a_floats_range_is_refused_clearly(tmp_path: Path) -> None
         assert mgr.steps() == []
 
 
+def test_metrics_whose_names_collide_as_text_are_refused(tmp_path: Path) -> None:
+    """Metric names are stored as text: ``{1: 0.5, "1": 0.7}`` was saved as ``{"1": 0.7}``, one of
+    the two values silently lost."""
+    with cs.CheckpointManager(tmp_path, async_save=False, keep_last=None) as mgr:
+        with pytest.raises(cs.UnsupportedStateError, match="metrics 1 and '1' are both stored as '1'"):
+            mgr.save(1, _state(1), metrics={1: 0.5, "1": 0.7})
+        assert mgr.steps() == []
+
+
 def test_metrics_are_recorded_in_the_manifest(tmp_path: Path) -> None:
     with cs.CheckpointManager(tmp_path) as mgr:
         mgr.save(1, _state(1), metrics={"loss": 0.25, "nan": float("nan")})
