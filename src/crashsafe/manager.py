@@ -46,7 +46,7 @@ from crashsafe.state.staging import StagingPool
 from crashsafe.step_facts import StepSpec, best_step, pick_step
 from crashsafe.storage.base import Lock, Store
 from crashsafe.storage.reader import read_manifest
-from crashsafe.storage.stores import is_url, open_store
+from crashsafe.storage.stores import anchored, is_url, open_store
 from crashsafe.storage.writer import delete_steps
 
 __all__ = ["CheckpointManager", "CodecSpec", "SaveStats"]
@@ -115,6 +115,7 @@ class CheckpointManager:
         self._mirror_keep = retention_policy(mirror_keep, mirror_keep_last, mirror_keep_every, "mirror_")
         self.directory = os.fspath(directory)
         self.mirror = None if mirror is None else os.fspath(mirror)
+        self._anchored = {p: anchored(p) for p in (self.directory, self.mirror) if p}  # chdir-proof
         self._storage_options = dict(storage_options or {})
         self.async_save = async_save
         self.read_only = read_only
@@ -396,7 +397,8 @@ class CheckpointManager:
 
     def _open(self, location: str, create: bool = False, existing: bool = False) -> Store:
         options = self._storage_options if is_url(location) else None
-        return open_store(location, storage_options=options, create=create, existing=existing)
+        where = self._anchored.get(location, location)
+        return open_store(where, storage_options=options, create=create, existing=existing)
 
     @contextlib.contextmanager
     def _reading(self) -> Iterator[list[Store]]:

@@ -140,6 +140,31 @@ def test_saving_a_damaged_committed_step_again_replaces_it(tmp_path: Path) -> No
         assert mgr.load(7)["w"][0] == 7.0
 
 
+@pytest.mark.parametrize("closed_writer", [False, True])
+def test_a_reader_opened_by_a_relative_path_stays_there_after_a_chdir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, closed_writer: bool
+) -> None:
+    """A reader opens its directory afresh at each read, and did so by the relative path it was given:
+    after an ``os.chdir`` it listed and loaded another run's ``ckpt`` (or found none). So did a
+    writer's manager once closed."""
+    monkeypatch.chdir(tmp_path)
+    with cs.CheckpointManager("ckpt", async_save=False) as mgr:
+        mgr.save(1, _state(1))
+    other = tmp_path / "other"
+    with cs.CheckpointManager(other / "ckpt", async_save=False) as decoy:
+        decoy.save(7, _state(7))
+    if closed_writer:
+        reader = cs.CheckpointManager("ckpt", async_save=False)
+        reader.close()
+    else:
+        reader = cs.CheckpointManager("ckpt", read_only=True)
+    monkeypatch.chdir(other)
+    assert reader.steps() == [1]
+    np.testing.assert_array_equal(reader.load()["w"], _state(1)["w"])
+    monkeypatch.chdir(tmp_path / "ckpt")
+    assert reader.latest_step() == 1
+
+
 def test_second_writer_gets_locked_error_but_readers_work(tmp_path: Path) -> None:
     with cs.CheckpointManager(tmp_path) as writer:
         writer.save(1, _state(1))
