@@ -187,8 +187,9 @@ class CheckpointFolder:
             return None
 
     def _unmark(self) -> None:
-        """Remove the removal marks whose names have no step left to delete."""
-        waiting = {self.saved[s].name for s in self.stale | self.held if s in self.saved}
+        """Remove the removal marks whose names have no step left: a step a pointer file still names
+        keeps its mark, so it goes once that file does."""
+        waiting = {saved.name for saved in self.saved.values()}
         for name in sorted(self.marks - waiting):
             unmark(self.path / name)
             self.marks.discard(name)
