@@ -431,3 +431,39 @@ def test_a_pointer_of_an_older_crashsafe_still_loads_and_keeps_its_steps(tmp_pat
     _save(again, tmp_path / "c.ckpt", 12)
     again.teardown()
     assert _steps(tmp_path) == [5, 9, 12]
+
+
+def test_the_folders_hostile_entries_are_never_followed_opened_or_tripped_on(tmp_path: Path) -> None:
+    """Before deleting a step the plugin reads the pointer files of its folder: a FIFO there is never
+    opened (no hang), a link never followed (one to a pointer outside the folder names nothing
+    there, as that pointer cannot load it), and a directory where a removal mark goes breaks no
+    removal. None of them is touched."""
+    folder, outside = tmp_path / "ckpt", tmp_path / "outside"
+    outside.mkdir()
+    io = cs_lightning.CrashsafeCheckpointIO()
+    _save(io, folder / "a.ckpt", 1)
+    _save(io, folder / "b.ckpt", 2)
+    io.teardown()
+    shutil.copy(folder / "a.ckpt", outside / "a.ckpt")
+    os.symlink(outside / "a.ckpt", folder / "link.ckpt")
+    os.symlink("loop.ckpt", folder / "loop.ckpt")
+    os.mkfifo(folder / "fifo.ckpt")
+    (folder / ".b.ckpt.crashsafe-removed").mkdir()
+    io = cs_lightning.CrashsafeCheckpointIO()
+
+    def remove() -> None:
+        io.remove_checkpoint(folder / "a.ckpt")  # with no run going: done at once
+        io.remove_checkpoint(folder / "b.ckpt")
+
+    removal = threading.Thread(target=remove, daemon=True)
+    removal.start()
+    removal.join(timeout=60)
+    if removal.is_alive():
+        with contextlib.suppress(OSError):
+            os.close(os.open(folder / "fifo.ckpt", os.O_WRONLY | os.O_NONBLOCK))
+        pytest.fail("a removal waited on a FIFO")
+    assert _steps(folder) == []
+    assert sorted(p.name for p in folder.iterdir()) == [
+        ".b.ckpt.crashsafe-removed", STORE, "fifo.ckpt", "link.ckpt", "loop.ckpt"
+    ]
+    assert (folder / ".b.ckpt.crashsafe-removed").is_dir() and (outside / "a.ckpt").is_file()

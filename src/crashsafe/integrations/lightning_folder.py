@@ -140,7 +140,7 @@ class CheckpointFolder:
             self.marks.add(name)
             self.stale.update(s for s, saved in self.saved.items() if saved.name == name)
         self.removed.clear()
-        if self.stale:
+        if self.stale and not busy():
             folder = self._scan()
             if folder is None:
                 return

@@ -127,26 +127,29 @@ def _open_own(path: Path) -> int | None:
 def retire_pointer(path: Path) -> None:
     """Durably replace the pointer at ``path`` (whatever stands there) by its removal mark; where
     nothing does, make the mark: the steps saved as its name are let go."""
-    mark = _mark_path(path)
     try:
-        os.replace(path, mark)
+        os.replace(path, _mark_path(path))
     except FileNotFoundError:
         mark_removed(path)
+    except OSError:  # a directory at the mark's path: the pointer goes unmarked
+        path.unlink(missing_ok=True)
     _fsync_dir(path.parent)
 
 
 def mark_removed(path: Path) -> None:
-    """An empty removal mark for ``path`` (not durable): the steps saved as its name may go."""
+    """An empty removal mark for ``path`` (not durable): the steps saved as its name may go. Where
+    it cannot be made (a directory at its path), none is: a crash then leaves those steps kept."""
     mark = _mark_path(path)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(mark)
-    os.close(os.open(mark, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644))
+    with contextlib.suppress(OSError):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(mark)  # a link or a FIFO there is replaced, never written through
+        os.close(os.open(mark, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644))
 
 
 def unmark(path: Path) -> None:
-    """Remove the removal mark of ``path``, if there is one (not durably: a mark left behind only
-    lets go of steps no pointer names)."""
-    with contextlib.suppress(FileNotFoundError):
+    """Remove the removal mark of ``path`` if there is one (not durably: a mark left behind only
+    lets go of steps no pointer names); one that cannot be removed stays."""
+    with contextlib.suppress(OSError):
         os.unlink(_mark_path(path))
 
 
@@ -155,25 +158,25 @@ def _mark_path(path: Path) -> Path:
 
 
 def scan(folder: Path) -> Folder:
-    """The pointer files and removal marks in ``folder`` (not below it). Only regular files of at
-    most a pointer's size are read, by themselves: a link is never followed (a link in a Lightning
-    folder points at a pointer there, or outside the folder) and a FIFO never opened. An empty file
-    counts as a pointer to its own name (:class:`Pointer`). OSError if the folder cannot be listed."""
+    """The pointer files and removal marks (regular files) in ``folder``, not below it. Only regular
+    files of at most a pointer's size are read, by themselves: a link is never followed (a link in a
+    Lightning folder points at a pointer there, or outside the folder) and a FIFO never opened. An
+    empty file counts as a pointer to its own name (:class:`Pointer`). OSError if the folder cannot
+    be listed."""
     pointers: dict[str, Pointer] = {}
     removed: set[str] = set()
     with os.scandir(folder) as entries:
         for entry in entries:
             name = entry.name
-            if name.endswith(_TMP) or name == STORE:
-                continue
-            if name.startswith(".") and name.endswith(REMOVED) and len(name) > len(REMOVED) + 1:
-                removed.add(name[1 : -len(REMOVED)])
+            if name.endswith(_TMP):
                 continue
             try:
-                if (
-                    not entry.is_file(follow_symlinks=False)
-                    or entry.stat(follow_symlinks=False).st_size > _MAX_BYTES
-                ):
+                if not entry.is_file(follow_symlinks=False):
+                    continue
+                if name.startswith(".") and name.endswith(REMOVED) and len(name) > len(REMOVED) + 1:
+                    removed.add(name[1 : -len(REMOVED)])
+                    continue
+                if entry.stat(follow_symlinks=False).st_size > _MAX_BYTES:
                     continue
             except OSError:
                 continue  # gone since it was listed
