@@ -196,11 +196,12 @@ class CheckpointFolder:
 
 
 def _named(folder: Folder, saved: Mapping[int, Saved]) -> set[int]:
-    """The steps the folder's pointer files name: by number, or (a pointer of an older crashsafe,
-    naming no step) every step saved under its name."""
-    numbers = {p.step for p in folder.pointers.values() if p.step is not None}
+    """The steps the folder's pointer files name: by number and key (a pointer whose key another
+    checkpoint's step now bears names nothing), or, a pointer of an older crashsafe naming no step,
+    every step saved under its name."""
+    pointed = {(p.step, p.key) for p in folder.pointers.values() if p.step is not None}
     names = {p.name for p in folder.pointers.values() if p.step is None}
-    return {s for s, v in saved.items() if s in numbers or v.name in names}
+    return {s for s, v in saved.items() if (s, v.key) in pointed or v.name in names}
 
 
 def _replaced(folder: Folder, saved: Mapping[int, Saved]) -> set[int]:
