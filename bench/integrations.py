@@ -288,7 +288,7 @@ def floor(width: int, n: int) -> list[tuple[str, float]]:
 
     import crashsafe as cs
     from crashsafe.integrations.lightning import CrashsafeCheckpointIO
-    from crashsafe.integrations.pointer import write_pointer
+    from crashsafe.integrations.pointer import Pointer, write_pointer
     from crashsafe.state.rng import RNGState
     from crashsafe.state.snapshot import fast_copy
     from crashsafe.state.staging import StagingPool, detached_copy
@@ -348,7 +348,7 @@ def floor(width: int, n: int) -> list[tuple[str, float]]:
         ("a 300-byte file: write, fsync, rename, fsync dir (1 file's fixed cost)",
          _median_ms(small_atomic_file, n)),
         ("crashsafe pointer file (write_pointer: the same protocol)",
-         _median_ms(lambda _: write_pointer(directory / "p.ckpt", "p.ckpt"), n)),
+         _median_ms(lambda _: write_pointer(directory / "p.ckpt", Pointer("p.ckpt", 1, "0" * 16, True)), n)),
         ("crashsafe commit of a 1-value state (data + manifest + dir fsynced, rename, root fsynced)",
          _median_ms(lambda i: tiny.save(i + 1, {"x": 1}), n)),
         ("crashsafe commit of this checkpoint (synchronous CheckpointManager.save)",

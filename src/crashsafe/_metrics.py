@@ -31,8 +31,19 @@ def clean_metrics(metrics: Mapping[str, Any] | None) -> dict[str, Any]:
                 f"metric {key!r} = {value!r} is not a number; metrics hold numbers only (a string such as "
                 "'0.1' or a bool is not one: pass float(value), or leave the metric out)"
             )
-        clean[str(key)] = number if math.isfinite(number) else repr(number)
+        name = str(key)  # the manifest's keys are text
+        if name in clean:  # {1: 0.5, "1": 0.7}: one of them would silently replace the other
+            raise UnsupportedStateError(
+                f"metrics {_first(metrics, name)!r} and {key!r} are both stored as {name!r} (metric names "
+                "are stored as text); give them distinct names"
+            )
+        clean[name] = number if math.isfinite(number) else repr(number)
     return clean
+
+
+def _first(metrics: Mapping[str, Any], name: str) -> Any:
+    """The first key of ``metrics`` stored as ``name``."""
+    return next(key for key in metrics if str(key) == name)
 
 
 def _number(value: object) -> float | None:

@@ -16,7 +16,7 @@ from crashsafe.format.manifest import Manifest
 from crashsafe.mirroring import Mirror
 from crashsafe.policies.keep import KeepPolicy
 from crashsafe.storage.base import Lock, Store
-from crashsafe.storage.stores import is_url, open_store
+from crashsafe.storage.stores import anchored, is_url, open_store
 
 __all__ = ["Tiers"]
 
@@ -35,6 +35,7 @@ class Tiers:
         self.directory, self.mirror = directory, mirror
         self.keep, self.mirror_keep = keep, mirror_keep
         self.storage_options = dict(storage_options)
+        self._anchored = {p: anchored(p) for p in (directory, mirror) if p}  # a later chdir moves nothing
         self.store: Store | None = None  # a writer's store, held open for its lifetime
         self.catalog: Catalog | None = None  # a writer's: its store's committed steps
         self.closed = False
@@ -43,7 +44,8 @@ class Tiers:
 
     def open(self, location: str, create: bool = False, existing: bool = False) -> Store:
         options = self.storage_options if is_url(location) else None
-        return open_store(location, storage_options=options, create=create, existing=existing)
+        where = self._anchored.get(location, location)
+        return open_store(where, storage_options=options, create=create, existing=existing)
 
     def open_writer(self, leader: bool) -> None:
         """Open the store to write: the ``leader`` (rank 0, or one process) creates, locks and cleans

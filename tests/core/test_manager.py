@@ -140,6 +140,31 @@ def test_saving_a_damaged_committed_step_again_replaces_it(tmp_path: Path) -> No
         assert mgr.load(7)["w"][0] == 7.0
 
 
+@pytest.mark.parametrize("closed_writer", [False, True])
+def test_a_reader_opened_by_a_relative_path_stays_there_after_a_chdir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, closed_writer: bool
+) -> None:
+    """A reader opens its directory afresh at each read, and did so by the relative path it was given:
+    after an ``os.chdir`` it listed and loaded another run's ``ckpt`` (or found none). So did a
+    writer's manager once closed."""
+    monkeypatch.chdir(tmp_path)
+    with cs.CheckpointManager("ckpt", async_save=False) as mgr:
+        mgr.save(1, _state(1))
+    other = tmp_path / "other"
+    with cs.CheckpointManager(other / "ckpt", async_save=False) as decoy:
+        decoy.save(7, _state(7))
+    if closed_writer:
+        reader = cs.CheckpointManager("ckpt", async_save=False)
+        reader.close()
+    else:
+        reader = cs.CheckpointManager("ckpt", read_only=True)
+    monkeypatch.chdir(other)
+    assert reader.steps() == [1]
+    np.testing.assert_array_equal(reader.load()["w"], _state(1)["w"])
+    monkeypatch.chdir(tmp_path / "ckpt")
+    assert reader.latest_step() == 1
+
+
 def test_second_writer_gets_locked_error_but_readers_work(tmp_path: Path) -> None:
     with cs.CheckpointManager(tmp_path) as writer:
         writer.save(1, _state(1))
@@ -268,6 +293,15 @@ def test_a_metric_past_a_floats_range_is_refused_clearly(tmp_path: Path) -> None
     with cs.CheckpointManager(tmp_path, async_save=False, keep_last=None) as mgr:
         with pytest.raises(cs.UnsupportedStateError, match="'loss' = .* is too large for a float"):
             mgr.save(1, _state(1), metrics={"loss": 10**400})
+        assert mgr.steps() == []
+
+
+def test_metrics_whose_names_collide_as_text_are_refused(tmp_path: Path) -> None:
+    """Metric names are stored as text: ``{1: 0.5, "1": 0.7}`` was saved as ``{"1": 0.7}``, one of
+    the two values silently lost."""
+    with cs.CheckpointManager(tmp_path, async_save=False, keep_last=None) as mgr:
+        with pytest.raises(cs.UnsupportedStateError, match="metrics 1 and '1' are both stored as '1'"):
+            mgr.save(1, _state(1), metrics={1: 0.5, "1": 0.7})
         assert mgr.steps() == []
 
 

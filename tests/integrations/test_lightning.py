@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 import crashsafe as cs
 from crashsafe.cli.app import app
 from crashsafe.integrations import lightning as cs_lightning
-from crashsafe.integrations.pointer import MESSAGE, STORE
+from crashsafe.integrations.pointer import MESSAGE, STORE, Pointer, write_pointer
 from crashsafe.workloads import lightning_digits as job
 
 from .conftest import kill_after_commits, run_to_end
@@ -250,8 +250,8 @@ def test_steps_are_lightnings_global_steps_and_ls_and_show_name_the_files(tmp_pa
 
 
 def test_a_store_numbered_by_the_previous_scheme_still_resumes(tmp_path: Path) -> None:
-    """Stores written before steps were global steps (numbered 0, 1, 2, ... in save order) resume,
-    and new saves go on above them."""
+    """Stores written before steps were global steps (numbered 0, 1, 2, ... in save order, with
+    pointers that name no step) resume, and new saves go on above them."""
     def checkpoint() -> ModelCheckpoint:
         return ModelCheckpoint(dirpath=tmp_path, save_top_k=-1, save_last=True, every_n_train_steps=5)
 
@@ -263,6 +263,8 @@ def test_a_store_numbered_by_the_previous_scheme_still_resumes(tmp_path: Path) -
     with cs.CheckpointManager(store, keep_last=None, async_save=False) as mgr:
         for old_step, (state, metrics) in enumerate(saved):
             mgr.save(old_step, state, metrics)
+    for name in _ckpt_files(tmp_path):  # and their pointers named no step
+        write_pointer(tmp_path / name, Pointer(name))
     assert _stored_names(tmp_path) == ["epoch=0-step=10.ckpt", "epoch=0-step=5.ckpt", "last.ckpt"]
     assert cs_lightning.load_checkpoint(tmp_path / "last.ckpt")["global_step"] == 10
     module, trainer = _fit(tmp_path, 20, checkpoint(), ckpt_path="last")
@@ -310,3 +312,158 @@ def test_a_resume_is_told_through_lightnings_logger(tmp_path: Path) -> None:
         "crashsafe: loaded step 5",  # the plugin: last.ckpt, saved right after epoch=0-step=4.ckpt
     ]
     assert said[0].startswith(f"crashsafe: resumed from step 4 ({tmp_path / 'managed'}, ")
+
+
+def _save(io: cs_lightning.CrashsafeCheckpointIO, path: Path, global_step: int) -> None:
+    io.save_checkpoint({"global_step": global_step, "w": torch.full((4,), float(global_step))}, path)
+
+
+def _steps(directory: Path) -> list[int]:
+    with cs.CheckpointManager(directory / STORE, read_only=True) as mgr:
+        return mgr.steps()
+
+
+def test_a_renamed_checkpoint_loads_its_own_step_and_keeps_it(tmp_path: Path) -> None:
+    """``mv epoch=0-step=5.ckpt best.ckpt``: the next writer deleted step 5 (no pointer stood at
+    the name saved inside it), and best.ckpt then loaded step 12, with only a warning that its save
+    "did not commit". A pointer names its step: renamed, it loads that step, which stays."""
+    io = cs_lightning.CrashsafeCheckpointIO()
+    _save(io, tmp_path / "epoch=0-step=5.ckpt", 5)
+    _save(io, tmp_path / "epoch=0-step=9.ckpt", 9)
+    io.teardown()
+    (tmp_path / "epoch=0-step=5.ckpt").rename(tmp_path / "best.ckpt")
+    again = cs_lightning.CrashsafeCheckpointIO()
+    _save(again, tmp_path / "epoch=0-step=12.ckpt", 12)
+    again.teardown()
+    assert _steps(tmp_path) == [5, 9, 12]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert cs_lightning.load_checkpoint(tmp_path / "best.ckpt")["global_step"] == 5
+
+
+def test_a_copy_in_the_folder_keeps_what_lightning_removes_or_saves_again(tmp_path: Path) -> None:
+    """A pointer copied within the folder names its step: Lightning's removal of the original, or a
+    new save of its name (``last.ckpt``), deletes the step only once no pointer file names it."""
+    io = cs_lightning.CrashsafeCheckpointIO()
+    _save(io, tmp_path / "epoch=0-step=3.ckpt", 3)
+    _save(io, tmp_path / "last.ckpt", 3)  # step 4
+    io.wait()
+    shutil.copy(tmp_path / "epoch=0-step=3.ckpt", tmp_path / "best.ckpt")
+    shutil.copy(tmp_path / "last.ckpt", tmp_path / "last-v1.ckpt")
+    io.remove_checkpoint(tmp_path / "epoch=0-step=3.ckpt")
+    _save(io, tmp_path / "last.ckpt", 6)
+    _save(io, tmp_path / "epoch=0-step=9.ckpt", 9)
+    _save(io, tmp_path / "last.ckpt", 9)  # step 10: step 6 is replaced and no pointer names it
+    io.teardown()
+    assert _ckpt_files(tmp_path) == ["best.ckpt", "epoch=0-step=9.ckpt", "last-v1.ckpt", "last.ckpt"]
+    assert _steps(tmp_path) == [3, 4, 9, 10]
+    loaded = {n: cs_lightning.load_checkpoint(tmp_path / n)["global_step"] for n in _ckpt_files(tmp_path)}
+    assert loaded == {"best.ckpt": 3, "epoch=0-step=9.ckpt": 9, "last-v1.ckpt": 3, "last.ckpt": 9}
+    for copy in ("best.ckpt", "last-v1.ckpt"):  # deleted by hand: steps Lightning let go, named no more
+        (tmp_path / copy).unlink()
+    again = cs_lightning.CrashsafeCheckpointIO()
+    _save(again, tmp_path / "epoch=0-step=12.ckpt", 12)  # the next writer's open deletes them
+    again.teardown()
+    assert _steps(tmp_path) == [9, 10, 12]
+
+
+def test_a_checkpoint_moved_out_of_the_folder_is_kept_and_said(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A pointer moved (or copied, then deleted) out of its folder names nothing there: its step
+    was deleted at the next open, losing the checkpoint. It is kept and logged; the moved file
+    says where it loads, and moved back it loads its step."""
+    folder, elsewhere = tmp_path / "ckpt", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    io = cs_lightning.CrashsafeCheckpointIO()
+    _save(io, folder / "epoch=0-step=5.ckpt", 5)
+    _save(io, folder / "epoch=0-step=9.ckpt", 9)
+    io.teardown()
+    shutil.move(folder / "epoch=0-step=5.ckpt", elsewhere / "best.ckpt")
+    again = cs_lightning.CrashsafeCheckpointIO()
+    with caplog.at_level(logging.WARNING, logger="crashsafe"):
+        _save(again, folder / "epoch=0-step=12.ckpt", 12)
+        again.teardown()
+    assert _steps(folder) == [5, 9, 12]
+    [said] = [r.getMessage() for r in caplog.records if "no pointer file" in r.getMessage()]
+    assert "kept step 5 (saved as 'epoch=0-step=5.ckpt')" in said and "move it back" in said
+    with pytest.raises(cs.NoCheckpointError, match=r"is not beside it: a pointer loads only in the folder"):
+        cs_lightning.load_checkpoint(elsewhere / "best.ckpt")
+    shutil.move(elsewhere / "best.ckpt", folder / "best.ckpt")
+    assert cs_lightning.load_checkpoint(folder / "best.ckpt")["global_step"] == 5
+
+
+def test_a_pointer_whose_step_is_gone_is_refused_not_answered_by_another_step(tmp_path: Path) -> None:
+    """A pointer whose committed step was deleted loaded the newest step of the directory, warned
+    only that its save "did not commit". It is a NoCheckpointError, also when the step's number
+    now holds another checkpoint (the pointer's key tells them apart)."""
+    io = cs_lightning.CrashsafeCheckpointIO()
+    _save(io, tmp_path / "a.ckpt", 5)
+    _save(io, tmp_path / "b.ckpt", 9)
+    io.teardown()
+    with cs.CheckpointManager(tmp_path / STORE) as mgr:
+        mgr.delete([5])
+    gone = r"a\.ckpt names step 5 .* committed but is gone: it was deleted"
+    with pytest.raises(cs.NoCheckpointError, match=gone):
+        cs_lightning.load_checkpoint(tmp_path / "a.ckpt")
+    with cs.CheckpointManager(tmp_path / STORE) as mgr:
+        mgr.delete([9])
+    again = cs_lightning.CrashsafeCheckpointIO()
+    _save(again, tmp_path / "c.ckpt", 5)  # numbered 5 again: a store with no step left
+    again.teardown()
+    assert cs_lightning.load_checkpoint(tmp_path / "c.ckpt")["global_step"] == 5
+    replaced = r"step 5 there now is another checkpoint, saved as 'c\.ckpt'"
+    with pytest.raises(cs.NoCheckpointError, match=replaced):
+        cs_lightning.load_checkpoint(tmp_path / "a.ckpt")
+
+
+def test_a_pointer_of_an_older_crashsafe_still_loads_and_keeps_its_steps(tmp_path: Path) -> None:
+    """Pointers written before they named a step (the name only) load the newest step saved under
+    that name, and a writer keeps every step saved under a name such a pointer holds."""
+    io = cs_lightning.CrashsafeCheckpointIO()
+    _save(io, tmp_path / "a.ckpt", 5)
+    _save(io, tmp_path / "b.ckpt", 9)
+    io.teardown()
+    write_pointer(tmp_path / "best.ckpt", Pointer("a.ckpt"))  # as an older crashsafe wrote it
+    (tmp_path / "a.ckpt").unlink()
+    assert cs_lightning.load_checkpoint(tmp_path / "best.ckpt")["global_step"] == 5
+    again = cs_lightning.CrashsafeCheckpointIO()
+    _save(again, tmp_path / "c.ckpt", 12)
+    again.teardown()
+    assert _steps(tmp_path) == [5, 9, 12]
+
+
+def test_the_folders_hostile_entries_are_never_followed_opened_or_tripped_on(tmp_path: Path) -> None:
+    """Before deleting a step the plugin reads the pointer files of its folder: a FIFO there is never
+    opened (no hang), a link never followed (one to a pointer outside the folder names nothing
+    there, as that pointer cannot load it), and a directory where a removal mark goes breaks no
+    removal. None of them is touched."""
+    folder, outside = tmp_path / "ckpt", tmp_path / "outside"
+    outside.mkdir()
+    io = cs_lightning.CrashsafeCheckpointIO()
+    _save(io, folder / "a.ckpt", 1)
+    _save(io, folder / "b.ckpt", 2)
+    io.teardown()
+    shutil.copy(folder / "a.ckpt", outside / "a.ckpt")
+    os.symlink(outside / "a.ckpt", folder / "link.ckpt")
+    os.symlink("loop.ckpt", folder / "loop.ckpt")
+    os.mkfifo(folder / "fifo.ckpt")
+    (folder / ".b.ckpt.crashsafe-removed").mkdir()
+    io = cs_lightning.CrashsafeCheckpointIO()
+
+    def remove() -> None:
+        io.remove_checkpoint(folder / "a.ckpt")  # with no run going: done at once
+        io.remove_checkpoint(folder / "b.ckpt")
+
+    removal = threading.Thread(target=remove, daemon=True)
+    removal.start()
+    removal.join(timeout=60)
+    if removal.is_alive():
+        with contextlib.suppress(OSError):
+            os.close(os.open(folder / "fifo.ckpt", os.O_WRONLY | os.O_NONBLOCK))
+        pytest.fail("a removal waited on a FIFO")
+    assert _steps(folder) == []
+    assert sorted(p.name for p in folder.iterdir()) == [
+        ".b.ckpt.crashsafe-removed", STORE, "fifo.ckpt", "link.ckpt", "loop.ckpt"
+    ]
+    assert (folder / ".b.ckpt.crashsafe-removed").is_dir() and (outside / "a.ckpt").is_file()

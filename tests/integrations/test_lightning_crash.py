@@ -4,8 +4,10 @@
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import runpy
+import signal
 import threading
 import warnings
 from pathlib import Path
@@ -18,21 +20,25 @@ from lightning.pytorch.plugins import TorchCheckpointIO
 
 import crashsafe as cs
 from crashsafe.integrations import lightning as cs_lightning
-from crashsafe.integrations.pointer import STORE
+from crashsafe.integrations.pointer import REMOVED, STORE
 from crashsafe.workloads import lightning_digits as job
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
 
 SCRIPT = Path(__file__).parent / "scripts" / "lightning_link_run.py"
+LET_GO = Path(__file__).parent / "scripts" / "lightning_let_go_kill.py"
 Wide = runpy.run_path(str(SCRIPT))["Wide"]
 
 
 def _run(directory: Path, kill_at: int, max_steps: int) -> int:
-    """Run the script in a process forked from the forkserver (conftest.py preloads Lightning there,
+    return _run_script(SCRIPT, [str(directory), str(kill_at), str(max_steps)])
+
+
+def _run_script(script: Path, args: list[Any]) -> int:
+    """Run ``script`` in a process forked from the forkserver (conftest.py preloads Lightning there,
     so a run costs its training); its exit code."""
-    argv = {"ARGS": [str(directory), str(kill_at), str(max_steps)]}
     process = multiprocessing.get_context("forkserver").Process(
-        target=runpy.run_path, args=(str(SCRIPT), argv, "__main__")
+        target=runpy.run_path, args=(str(script), {"ARGS": args}, "__main__")
     )
     process.start()
     process.join(120)
@@ -152,3 +158,35 @@ def test_an_empty_file_beside_the_store_loads_the_newest_committed_checkpoint(tm
     (tmp_path / "b.ckpt").write_bytes(b"")
     with pytest.warns(cs.CrashsafeWarning, match="did not commit"):
         assert cs_lightning.load_checkpoint(tmp_path / "b.ckpt")["global_step"] == 1
+
+
+@pytest.mark.parametrize("mode", ["removal", "first"])
+def test_steps_let_go_before_a_kill_are_deleted_at_the_next_open_and_no_other(
+    tmp_path: Path, mode: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Killed after Lightning removed two checkpoints (their pointers replaced by removal marks, the
+    first step's deletion under way), or after a directory's first commit and before its pointer:
+    the next writer deletes those steps, saying so, and keeps the rest (a step no pointer names is
+    deleted only when a mark says crashsafe let it go)."""
+    import torch
+
+    assert _run_script(LET_GO, [tmp_path, mode]) == -signal.SIGKILL
+    marks = sorted(p.name for p in tmp_path.glob(f".*{REMOVED}"))
+    with cs.CheckpointManager(tmp_path / STORE, read_only=True) as mgr:
+        left = mgr.steps()
+    if mode == "removal":
+        assert (marks, left) == ([f".a.ckpt{REMOVED}", f".b.ckpt{REMOVED}"], [1, 3])
+    else:
+        assert (marks, left) == ([f".a.ckpt{REMOVED}"], [1])
+        assert not (tmp_path / "a.ckpt").exists()
+    io = cs_lightning.CrashsafeCheckpointIO()
+    with caplog.at_level(logging.INFO, logger="crashsafe"):
+        io.save_checkpoint({"global_step": 9, "w": torch.ones(4)}, tmp_path / "d.ckpt")
+        io.teardown()
+    with cs.CheckpointManager(tmp_path / STORE, read_only=True) as mgr:
+        assert mgr.steps() == ([3, 9] if mode == "removal" else [9])
+    said = [r.getMessage() for r in caplog.records]
+    assert any(text.endswith("deleting step 1 (saved as 'a.ckpt'): its file was removed, or saved again, "
+                             "and no pointer file names it") for text in said)  # fmt: skip
+    assert not [text for text in said if "no pointer file in the folder names" in text]
+    assert not list(tmp_path.glob(f".*{REMOVED}"))

@@ -3,14 +3,15 @@
 * ``Trainer(plugins=[CrashsafeCheckpointIO()])`` keeps Lightning's checkpoint model: the stock
   ``ModelCheckpoint`` decides what to save and delete (top-k, ``save_last``, ``every_n_train_steps``,
   re-saving one path) and ``fit(ckpt_path="last")`` resumes. Each path holds a pointer file
-  (``integrations/pointer.py``); the checkpoints live in ``.crashsafe/`` beside it, committed
-  atomically, verified on load, with fallback. Saving returns after a copy into staging buffers
-  and, for a new name, its pointer file (Lightning links ``last.ckpt`` to it at once); a pointer
-  whose step has not committed loads the newest committed step of its directory. Two saves may be
-  in flight, so ``save_last``'s second save of a step does not wait for the first; a background
-  thread writes, commits, then makes the pointer durable and new (its mtime picks "last") and
-  deletes what a new checkpoint replaces (Lightning's ``AsyncCheckpointIO`` contract: errors
-  surface at the next save or at teardown). A directory's first checkpoint is saved synchronously.
+  (``integrations/pointer.py``) naming its step; the checkpoints live in ``.crashsafe/`` beside it
+  (``integrations/lightning_folder.py``), committed atomically, verified on load, with fallback.
+  Saving returns after a copy into staging buffers and, for a new name, its pointer file (Lightning
+  links ``last.ckpt`` to it at once); a pointer whose step has not committed loads the newest
+  committed step of its directory. Two saves may be in flight, so ``save_last``'s second save of a
+  step does not wait for the first; a background thread writes, commits, then makes the pointer
+  name it, durable and new (its mtime picks "last"), and deletes what a new checkpoint replaces
+  unless a pointer file names it (Lightning's ``AsyncCheckpointIO`` contract: errors surface at the
+  next save or at teardown). A directory's first checkpoint is saved synchronously.
 * ``Trainer(callbacks=[CrashsafeCallback("ckpt", policy=...)])`` hands checkpointing wholly to a
   :class:`~crashsafe.CheckpointManager` (policies, codecs, retention, SIGTERM) and resumes from its
   newest intact step when ``fit`` starts.
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -38,23 +40,17 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.plugins import CheckpointIO, TorchCheckpointIO
 from lightning_utilities.core.apply_func import apply_to_collection
 
-from crashsafe._log import logger, through, warn
+from crashsafe._log import through
 from crashsafe.encoding import CodecSpec
-from crashsafe.errors import (
-    CorruptCheckpointError,
-    CorruptCheckpointWarning,
-    CrashsafeError,
-    CrashsafeWarning,
-    NoCheckpointError,
-)
+from crashsafe.errors import CrashsafeError, NoCheckpointError
 from crashsafe.format.manifest import MAX_STEP
+from crashsafe.integrations.lightning_folder import CheckpointFolder, load_pointed, saved_steps
 from crashsafe.integrations.pointer import (
     STORE,
+    Pointer,
     is_pointer,
     names_itself,
-    pointed_name,
-    remove_pointer,
-    settle_pointer,
+    read_pointer,
     write_pointer,
 )
 from crashsafe.manager import CheckpointManager
@@ -86,129 +82,10 @@ __all__ = [
 ]
 
 
-class _Directory:
-    """One Lightning checkpoint directory: its crashsafe store (``.crashsafe/``, one step per save,
-    the Lightning file name in the state) and the pointer files that name its checkpoints. A save is
-    numbered by Lightning's global step where that is new and above every step there (a second save
-    of one global step, ``save_last``'s, takes the next free number), so steps stay in save order.
-
-    Removals and the deletion of replaced steps wait for a moment when no save is queued (or for a
-    backlog of ``_BACKLOG``): they are garbage, and their fsyncs would delay the next commit."""
-
-    def __init__(self, path: Path, manager: CheckpointManager) -> None:
-        self.path = path
-        self.mgr = manager
-        self.names = _names(manager)  # step -> the file name it was saved as
-        self.top = max(manager.steps(), default=-1)  # the highest step number used (named or not)
-        self.held: set[int] = set()  # steps a kept step's delta still needs: deleted later
-        self.removed: set[str] = set()  # names Lightning removed: pointer and steps go at collect()
-        self.stale: set[int] = set()  # steps a newer save of their name replaced
-
-    def drop_orphans(self) -> None:
-        """Delete steps no pointer names: removed, or saved by a run killed before the pointer."""
-        self.delete([step for step, name in self.names.items() if not is_pointer(self.path / name)])
-
-    def save(
-        self, name: str, snapshot: Mapping[str, Any], metrics: dict[str, float], global_step: int | None
-    ) -> float:
-        """Commit ``snapshot`` as a new step, then make ``name``'s pointer durable and new (a re-save
-        too: Lightning picks the "last" file by mtime); return when ``name`` loads it
-        (``time.perf_counter()``). The steps it replaces are deleted at ``collect()``."""
-        step = self.top + 1 if global_step is None or global_step <= self.top else global_step
-        self.mgr.save(step, {"name": name, **snapshot}, metrics)
-        self.names[step] = name
-        self.top = step
-        self.removed.discard(name)  # removed, then saved again: it stays
-        settle_pointer(self.path / name, name)
-        durable = time.perf_counter()
-        self.stale.update(s for s, n in self.names.items() if n == name and s != step)
-        return durable
-
-    def remove(self, name: str) -> None:
-        self.removed.add(name)
-
-    @property
-    def backlog(self) -> int:
-        return len(self.removed) + len(self.stale)
-
-    def collect(self, busy: Callable[[], bool] = lambda: False) -> None:
-        """Remove the pointers of removed names (durably), then delete their steps and the
-        replaced ones, one at a time, stopping when ``busy()`` (a save is waiting); a crash in
-        between leaves steps no pointer names, dropped at the next open."""
-        for name in sorted(self.removed):
-            remove_pointer(self.path / name)
-            self.stale.update(s for s, n in self.names.items() if n == name)
-        self.removed.clear()
-        for step in sorted(self.stale, reverse=True):
-            if busy():
-                return
-            self.stale.discard(step)
-            self.delete([step])
-
-    def delete(self, steps: Sequence[int]) -> None:
-        """Delete ``steps`` (and earlier ones held back), newest first; a step that a kept step's
-        delta chain still needs stays until it does not."""
-        for step in sorted({*steps, *self.held}, reverse=True):
-            try:
-                self.mgr.delete([step])
-            except CrashsafeError:
-                self.held.add(step)
-                continue
-            self.held.discard(step)
-            self.names.pop(step, None)
-
-
-def _names(manager: CheckpointManager) -> dict[int, str]:
-    """Each step's Lightning file name, read from its manifest (a step without one is skipped)."""
-    names = {}
-    for step in manager.steps():
-        try:
-            name = manager.manifest(step).saved_as
-        except CrashsafeError:
-            continue  # unreadable: never a candidate, and the next writer leaves it to `crashsafe gc`
-        if name is not None:
-            names[step] = name
-    return names
-
-
 def _global_step(checkpoint: Mapping[str, Any]) -> int | None:
     """Lightning's global step in its checkpoint dict, if it is one a step can be numbered by."""
     step = checkpoint.get("global_step")
     return step if isinstance(step, int) and not isinstance(step, bool) and 0 <= step <= MAX_STEP else None
-
-
-def _load_named(manager: CheckpointManager, names: dict[int, str], name: str) -> dict[str, Any]:
-    """The newest intact step saved as ``name``; if none is, the newest intact step of the directory:
-    a save returns (and Lightning links ``last.ckpt`` to its file) before its step commits, so a
-    crash can leave a pointer whose step never committed. Each fallback is warned about."""
-    mine = sorted((s for s, n in names.items() if n == name), reverse=True)
-    others = sorted((s for s in names if s not in mine), reverse=True)
-    damage: list[str] = []
-    for candidates in (mine, others):
-        if candidates is others and others:
-            warn(
-                f"no intact checkpoint saved as {name!r}; loading {names[others[0]]!r} (or an older one), "
-                "the newest intact checkpoint of the directory"
-                if mine
-                else f"the save of {name!r} did not commit before its run stopped; loading "
-                f"{names[others[0]]!r} (or an older one), the newest committed checkpoint of the directory",
-                CorruptCheckpointWarning if mine else CrashsafeWarning,
-            )
-        for step in candidates:
-            try:
-                return manager.load(step)
-            except CorruptCheckpointError as exc:
-                damage.append(str(exc))
-                warn(f"skipping damaged checkpoint: {exc}", CorruptCheckpointWarning)
-                logger().warning("fell back from step %d because %s", step, exc)
-    if not names:
-        raise NoCheckpointError(
-            f"{name!r} names a save that did not commit before its run stopped, and {manager.directory} "
-            "holds no committed checkpoint: delete that file (and any link to it) to start afresh"
-        )
-    raise CorruptCheckpointError(
-        f"no intact checkpoint for {name!r} in {manager.directory}: {'; '.join(damage)}"
-    )
 
 
 def _cut_short(path: Path) -> bool:
@@ -268,7 +145,7 @@ class CrashsafeCheckpointIO(CheckpointIO):
         self._codec = codec
         self._lossless = tuple(lossless)
         self.restore_rng = restore_rng
-        self._dirs: dict[Path, _Directory] = {}
+        self._dirs: dict[Path, CheckpointFolder] = {}
         self._pools = [StagingPool(clones=False) for _ in range(in_flight)]  # copies land in save_checkpoint
         self._using: list[Future[None] | None] = [None] * in_flight  # the save each pool is staging
         self._saves = 0
@@ -299,15 +176,15 @@ class CrashsafeCheckpointIO(CheckpointIO):
         if snapshot is None:  # the first save is checked in full here, so its errors come now
             snapshot = detached_copy(state, pool)
         pool.settle()  # CUDA tensors' copies landed: the writer thread reads the copy as it is
-        first = not held.names  # nothing committed here yet: a crash before this commit has no fallback
+        first = not held.saved  # nothing committed here yet: a crash before this commit has no fallback
+        name, step, key = target.name, held.number(_global_step(checkpoint)), secrets.token_hex(8)
         if not first and not names_itself(target):  # Lightning may link last.ckpt to it once we return
-            _write(lambda: write_pointer(target, target.name, durable=False), target)
+            _write(lambda: write_pointer(target, Pointer(name, step, key), durable=False), target)
         metrics = {k: float(checkpoint.get(k, 0)) for k in ("global_step", "epoch")}
-        global_step = _global_step(checkpoint)
         timing: list[float] = []  # when the checkpoint was committed and named
 
-        def save(directory: _Directory) -> None:
-            timing.append(directory.save(target.name, snapshot, metrics, global_step))
+        def save(directory: CheckpointFolder) -> None:
+            timing.append(directory.save(name, step, key, snapshot, metrics, first))
 
         self._using[slot] = self._submit(held, save)
         self._saves += 1
@@ -339,14 +216,19 @@ class CrashsafeCheckpointIO(CheckpointIO):
         if not is_pointer(real) and not _cut_short(real):
             loaded: dict[str, Any] = TorchCheckpointIO().load_checkpoint(path, map_location, weights_only)
             return loaded
-        name = pointed_name(real) if is_pointer(real) else real.name
+        pointer = read_pointer(real) if is_pointer(real) else Pointer(real.name)
         held = self._dirs.get(real.parent)
+        if held is None and not (real.parent / STORE).is_dir():
+            raise NoCheckpointError(
+                f"{path} is a crashsafe pointer file, but {real.parent / STORE} is not beside it: a pointer "
+                "loads only in the folder it was saved in, beside its store. Move it back there"
+            )
         with through(_LOG):  # "loaded step N (where, seconds)" beside Lightning's "Restoring states"
             if held is not None:
-                state = _load_named(held.mgr, held.names, name)
+                state = load_pointed(held.mgr, held.saved, pointer, path)
             else:
                 with CheckpointManager(real.parent / STORE, read_only=True) as reader:
-                    state = _load_named(reader, _names(reader), name)
+                    state = load_pointed(reader, saved_steps(reader), pointer, path)
         if self.restore_rng:
             RNGState().load_state_dict(state["rng"])
         return _map(state["lightning"], map_location)
@@ -395,7 +277,7 @@ class CrashsafeCheckpointIO(CheckpointIO):
                 pool.clear()
             self._using = [None] * len(self._pools)
 
-    def _submit(self, held: _Directory, work: Callable[[_Directory], None]) -> Future[None]:
+    def _submit(self, held: CheckpointFolder, work: Callable[[CheckpointFolder], None]) -> Future[None]:
         """Run ``work`` in the writer thread; then, if no other work is queued (or the backlog is
         long), the directory's deferred removals and deletions."""
         if self._executor is None:
@@ -412,7 +294,7 @@ class CrashsafeCheckpointIO(CheckpointIO):
         self._pending.append(future)
         return future
 
-    def _open(self, path: Path) -> _Directory:
+    def _open(self, path: Path) -> CheckpointFolder:
         """The store of ``path``, opened (and its orphans dropped) at first use, here rather than in
         the writer thread: Lightning links into the directory as soon as a save returns."""
         held = self._dirs.get(path)
@@ -422,7 +304,7 @@ class CrashsafeCheckpointIO(CheckpointIO):
                 manager = CheckpointManager(
                     path / STORE, keep_last=None, async_save=False, codec=self._codec, lossless=self._lossless
                 )
-            held = self._dirs[path] = _Directory(path, manager)
+            held = self._dirs[path] = CheckpointFolder(path, manager)
             held.drop_orphans()
         return held
 

@@ -10,7 +10,7 @@ from crashsafe.errors import CrashsafeError, InvalidArgumentError, StorageError
 from crashsafe.storage.base import Store
 from crashsafe.storage.local import LocalStore
 
-__all__ = ["check_location", "is_url", "open_store"]
+__all__ = ["anchored", "check_location", "is_url", "open_store"]
 
 _LOCAL_PROTOCOLS = ("file", "local")
 
@@ -18,6 +18,15 @@ _LOCAL_PROTOCOLS = ("file", "local")
 def is_url(location: str | os.PathLike[str]) -> bool:
     """True for ``s3://bucket/run`` and any other ``protocol://`` location fsspec serves."""
     return "://" in os.fspath(location)
+
+
+def anchored(location: str) -> str:
+    """A relative local location made absolute against the current directory now; any other (an
+    absolute path, a URL, an empty one for :func:`check_location` to refuse) as it is. A reader opens
+    its location afresh at each read, so a later ``os.chdir`` must not lead it elsewhere."""
+    if not location or is_url(location) or os.path.isabs(location):
+        return location
+    return os.path.abspath(location)
 
 
 def check_location(location: str | os.PathLike[str]) -> None:
