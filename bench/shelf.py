@@ -160,7 +160,7 @@ def run_modes(workload: str, algo: Any, x: np.ndarray, k: int, iterations: int, 
     """A real run per mode and medium, each checkpointing every iteration; ``rounds`` rounds over all
     modes (interleaved, so a change in the machine's load hits every mode alike). The checkpoint
     time is the median over every iteration of every round, the total the median over rounds."""
-    from crashsafe.workloads.checkpoint_modes import open_store, run
+    from crashsafe.workloads.checkpoint_modes import open_mode, run
 
     ckpts: dict[tuple[str, str], list[float]] = {}
     totals: dict[tuple[str, str], list[float]] = {}
@@ -171,7 +171,7 @@ def run_modes(workload: str, algo: Any, x: np.ndarray, k: int, iterations: int, 
                 where = dirs[medium] / f"{workload}-{k}-{label}"
                 start = time.perf_counter()
                 store = (FloorStore(where) if mode == "floor"
-                         else open_store(mode, where, tx_mode=tx_mode or "shadow"))
+                         else open_mode(mode, where, tx_mode=tx_mode or "shadow"))
                 result = run(algo, x, store, iterations)
                 store.close()
                 totals.setdefault((medium, label), []).append(time.perf_counter() - start)
@@ -272,13 +272,13 @@ def cold_cost(dirs: dict[str, Path], trials: int) -> list[ColdRow]:
     """One KMeans-sized checkpoint (8x64 float64 centers and four scalars, as ``run`` makes it)
     timed warm, and right after streaming 256 MiB through the caches, for the shelf on shm and
     ``savez`` on disk: how much of a checkpoint's time after a heavy iteration is cold caches."""
-    from crashsafe.workloads.checkpoint_modes import open_store
+    from crashsafe.workloads.checkpoint_modes import open_mode
 
     evict = np.ones(32 << 20)  # 256 MiB
     rows = []
     for label, mode, medium in (("shelf@shm", "shelf", "shm"), ("savez@disk", "savez", "disk")):
         where = dirs[medium] / f"cold-{mode}"
-        store = open_store(mode, where)
+        store = open_mode(mode, where)
         state = store.save({"centers": np.zeros((8, 64)), "iteration": 0, "shift": 1.0, "inertia": 1.0,
                             "done": False})
         times: dict[str, list[float]] = {"cold": [], "next": [], "warm": []}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextvars import ContextVar
 from typing import Any, TypeVar, cast
 
 from crashsafe._cuda import DeviceUpload, is_cuda
@@ -153,28 +154,32 @@ def holding(stores: Sequence[Store], step: int) -> Store:
     return next((store for store in stores if step in store.steps()), stores[0])
 
 
-_skipped = 0  # damaged steps skipped by reads in this process, for writers' delta chains
+_SEEN: ContextVar[list[str] | None] = ContextVar("crashsafe_damage_seen", default=None)
 
 
 def skip_damaged(message: str) -> None:
-    """Warn that a read skipped a damaged step (a CorruptCheckpointWarning), and count it: a writer
-    whose delta chains may run through that step then starts new ones (:func:`on_damage`)."""
-    global _skipped
-    _skipped += 1
+    """Warn that a read skipped a damaged step (a CorruptCheckpointWarning), and tell the writer
+    reading here, if any (:func:`on_damage`): its delta chains may run through that step."""
+    seen = _SEEN.get()
+    if seen is not None:
+        seen.append(message)
     warn(message, CorruptCheckpointWarning)
 
 
 @contextlib.contextmanager
 def on_damage(reset: Callable[[], None]) -> Iterator[None]:
-    """Call ``reset`` if the reads inside find a damaged step, raised or skipped (counted by
-    :func:`skip_damaged`): a writer then starts new delta chains, never one through the damage."""
-    skipped = _skipped
+    """Call ``reset`` if the reads inside (in this thread) find a damaged step, raised or skipped:
+    a writer then starts new delta chains, never one through the damage."""
+    seen: list[str] = []
+    token = _SEEN.set(seen)
     try:
         yield
     except CorruptCheckpointError:
         reset()
         raise
-    if _skipped != skipped:
+    finally:
+        _SEEN.reset(token)
+    if seen:
         reset()
 
 

@@ -12,7 +12,7 @@ from crashsafe.workloads.checkpoint_modes import (
     MODES,
     SavezStore,
     UnreadableCheckpointError,
-    open_store,
+    open_mode,
     run,
 )
 from crashsafe.workloads.clusterdata import blobs, digits, mnist_like
@@ -91,11 +91,11 @@ def test_every_mode_resumes_to_the_uninterrupted_result(tmp_path: Path, mode: st
         return KMeans(k=4, seed=0, tol=None) if algo == "kmeans" else GMM(k=3, seed=0, tol=None)
 
     reference = fit(make(), x, 12)
-    store = open_store(mode, tmp_path / "first", tx_mode=tx_mode)
+    store = open_mode(mode, tmp_path / "first", tx_mode=tx_mode)
     first = run(make(), x, store, 5)
     store.close()
     assert first.resumed_from is None and first.state["iteration"] == 5 and len(first.checkpoint_times) == 5
-    store = open_store(mode, tmp_path / "first", tx_mode=tx_mode)
+    store = open_mode(mode, tmp_path / "first", tx_mode=tx_mode)
     second = run(make(), x, store, 12)
     store.close()
     assert second.resumed_from == 5 and second.state["iteration"] == 12
@@ -139,13 +139,13 @@ class _Growing:
 
 
 def test_shelf_mode_follows_a_state_whose_layout_changes(tmp_path: Path) -> None:
-    store = open_store("shelf", tmp_path / "s")
+    store = open_mode("shelf", tmp_path / "s")
     result = run(_Growing(), np.zeros(1), store, 9)
     assert store.loop is None  # a str is not loop material: plain transactions from iteration 7
     store.close()
     assert result.state["label"] == "it9" and result.state["extra"] == 9.0
     assert result.state["v"].tolist() == [9.0] * 6
-    store = open_store("shelf", tmp_path / "s")
+    store = open_mode("shelf", tmp_path / "s")
     resumed = run(_Growing(), np.zeros(1), store, 10)
     store.close()
     assert resumed.resumed_from == 9 and resumed.state["iteration"] == 10
@@ -154,7 +154,7 @@ def test_shelf_mode_follows_a_state_whose_layout_changes(tmp_path: Path) -> None
 def test_shelf_mode_commits_iterations_through_a_loop(tmp_path: Path) -> None:
     from crashsafe.shelf.inspect import inspect_shelf
 
-    store = open_store("shelf", tmp_path / "s")
+    store = open_mode("shelf", tmp_path / "s")
     run(KMeans(k=3, seed=0, tol=None), blobs(300, 4, 3, seed=1), store, 6)
     store.close()
     report = inspect_shelf(tmp_path / "s" / "state.shelf")

@@ -36,13 +36,13 @@ from crashsafe.errors import CrashsafeError
 from crashsafe.shelf.errors import ShelfError
 from crashsafe.workloads.iterative import Algorithm, Allocate
 
-__all__ = ["MODES", "RunResult", "Store", "UnreadableCheckpointError", "main", "open_store", "run"]
+__all__ = ["MODES", "ModeStore", "RunResult", "UnreadableCheckpointError", "main", "open_mode", "run"]
 
 MODES = ("shelf", "savez", "savez-safe", "pickle", "torch.save", "manager")
 _Array = np.ndarray[Any, Any]
 
 
-class Store(Protocol):
+class ModeStore(Protocol):
     """Where a workload checkpoints.
 
     ``output()`` is called before each iteration: it returns where the iteration should put its
@@ -255,8 +255,8 @@ class ManagerStore:
         self.manager.close()
 
 
-def open_store(mode: str, directory: str | os.PathLike[str], *, durability: str = "auto",
-               tx_mode: str = "shadow") -> Store:
+def open_mode(mode: str, directory: str | os.PathLike[str], *, durability: str = "auto",
+               tx_mode: str = "shadow") -> ModeStore:
     """The store of ``mode`` (one of :data:`MODES`) in ``directory`` (created if missing)."""
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
@@ -270,7 +270,7 @@ def open_store(mode: str, directory: str | os.PathLike[str], *, durability: str 
     }
     if mode not in stores:
         raise ValueError(f"unknown checkpoint mode {mode!r}; choose one of {', '.join(MODES)}")
-    store: Store = stores[mode]()
+    store: ModeStore = stores[mode]()
     return store
 
 
@@ -284,7 +284,7 @@ class RunResult:
     total_time: float = 0.0
 
 
-def run(algo: Algorithm, x: _Array, store: Store, max_iter: int,
+def run(algo: Algorithm, x: _Array, store: ModeStore, max_iter: int,
         started: Callable[[], None] | None = None) -> RunResult:
     """Run ``algo`` on ``x`` until done or ``max_iter`` iterations, checkpointing every iteration.
 
@@ -356,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     x = load(args.data)
     algo = make_algorithm(args.algo, args.k, args.seed, args.tol)
-    store = open_store(args.mode, args.dir, durability=args.durability, tx_mode=args.tx_mode)
+    store = open_mode(args.mode, args.dir, durability=args.durability, tx_mode=args.tx_mode)
     recovered = getattr(store, "recovered", None) is not None
 
     def started() -> None:
