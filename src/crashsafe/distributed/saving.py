@@ -115,6 +115,10 @@ class ReplicaPlanner:
         """The plan of a save whose arrays ``bytes_of(i)`` gives (the live ones, or their copies),
         with rank 0's listing of ``store`` and the attempt's name."""
         coord, last = self.coord, self._described
+        if not coord.shared:  # one process writes every array it has: nothing to agree on or to hash
+            writes = list(range(len(leaves)))
+            whole = Plan({(0, i): (0, i) for i in writes}, (sum(leaf.nbytes for leaf in leaves),))
+            return StepPlan(frozenset(store.steps()), "", whole, writes, {})
         self._described = None  # forgotten until this plan is agreed: a failed exchange leaves no memory
         described = [(leaf.path, repr((leaf.kind, leaf.dtype, leaf.shape, leaf.shard)), leaf.nbytes)
                      for leaf in leaves]  # fmt: skip
@@ -212,9 +216,9 @@ def save_step(
             existing(step)
     committed = planned.committed - {step}  # a damaged step saved again was deleted first
     writer, entries, problem = _write_part(coord, store, planner, step, committed, leaves, arrays, planned)
+    sent = {i: e.to_json() for i, e in entries.items()} if coord.shared else entries  # one process: as is
     reports = coord.all_gather(
-        (problem, {i: e.to_json() for i, e in entries.items()}, tree, writer.files() if writer else {}, step),
-        f"committing step {step}",
+        (problem, sent, tree, writer.files() if writer else {}, step), f"committing step {step}"
     )
 
     def commit() -> Manifest:
@@ -333,8 +337,11 @@ def _global_manifest(
         files.update(rank_files)
         for i, body in sorted(entries.items()):
             index[rank, i] = len(payloads)
-            payloads.append(_entry(body))
-    trees = [_renumbered(tree, rank, index, writer_of) for rank, (_, _, tree, _, _) in enumerate(reports)]
+            payloads.append(body if isinstance(body, PayloadEntry) else _entry(body))
+    if len(reports) == 1 and all(index.get(k) == k[1] and writer_of[k] == k for k in writer_of):  # as it is
+        trees = [tree for _, _, tree, _, _ in reports]
+    else:
+        trees = [_renumbered(tree, rank, index, writer_of) for rank, (_, _, tree, _, _) in enumerate(reports)]
     info = {**info, **planner.base_marks(p.base for p in payloads if p.base is not None)}
     return Manifest(step, time.time(), trees[0], tuple(payloads), files, metrics, info, tuple(trees[1:]))
 
