@@ -190,9 +190,10 @@ class FsspecStore(Store):
     def check_lease(self) -> None:
         """LockedError if this store's writer lost its lease (taken over, or expired unrenewed): it
         then commits and deletes nothing more, beside a writer that took over (a writer paused past
-        its lease, or cut off from the store, resumes here)."""
+        its lease, or cut off from the store, resumes here). The lease object is read, not only
+        what the renewer last saw: a takeover since its last renewal stops this commit."""
         if self._lease is not None:
-            self._lease.check()
+            self._lease.confirm()
 
     def delete(self, step: int) -> None:
         """Remove the manifest (the step is gone for readers), then every object of the step. With the
@@ -538,9 +539,13 @@ class _ObjectDraft(Draft):
         self.persist()
         try:
             self._store.check_lease()
+        except StorageError as exc:  # the store did not answer: nothing was committed
+            self.abort()
+            raise self._not_committed(exc) from exc
         except BaseException:
             self.abort()  # (removes nothing: the shards are leftovers for the writer that took over)
             raise
+        faults.reached("after_lease_check")  # the manifest's upload comes next
         try:
             self._put_manifest(manifest)
         except Exception as exc:
