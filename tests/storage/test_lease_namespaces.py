@@ -69,7 +69,9 @@ def _lease(fs: s3fs.S3FileSystem, path: str, expires: float, **body: Any) -> Non
 
 
 @pytest.mark.timeout(120)
-def test_a_writer_in_another_pid_namespace_waits_for_a_live_lease(bucket: str, options: dict[str, Any]) -> None:
+def test_a_writer_in_another_pid_namespace_waits_for_a_live_lease(
+    bucket: str, options: dict[str, Any]
+) -> None:
     """A real `unshare --pid` writer of the same hostname: the holder's pid is no process there.
     It took the lease at once; now it watches the lease, sees it renewed, and is refused."""
     if not _unshare_works():

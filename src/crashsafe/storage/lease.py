@@ -1,13 +1,13 @@
 """The one-writer lock of an object store: a lease object naming its holder and when it expires.
 
 Object stores have no ``flock``, and a writer that dies never says so. So the writer creates
-``.lock`` (conditionally: only if absent) holding ``{"holder", "expires"}`` and renews it in the
-background every third of its length. Another writer may take over a lease only once it has
-expired, or at once if its holder was a process that no longer runs in this very PID namespace of
-this very boot (a hostname alone names neither: a container in another PID namespace, or another
-machine of that name, sees no such process). Renewals and takeovers compare-and-swap on S3 (``If-Match`` on the ETag); on stores without
-a conditional update they re-read and overwrite, which two writers racing to take over the same
-expired lease could both pass (docs/storage.md).
+``.lock`` (conditionally: only if absent) holding ``{"holder", "expires", "boot", "pidns"}`` and
+renews it in the background every third of its length. Another writer may take over a lease only
+once it has expired, or at once if its holder was a process that no longer runs in this very PID
+namespace of this very boot (a hostname names neither: a container in another PID namespace, or
+another machine of that name, sees no such process). Renewals and takeovers compare-and-swap on
+S3 (``If-Match`` on the ETag); on stores without a conditional update they re-read and overwrite,
+which two writers racing to take over the same expired lease could both pass (docs/storage.md).
 
 A writer whose lease expired unrenewed (the store did not answer) commits and deletes nothing
 (LockedError) until a renewal goes through; the renewal goes through only while the lease object
@@ -26,9 +26,8 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from crashsafe.errors import CrashsafeError, LockedError, StorageError
 from crashsafe.storage.base import Lock
@@ -40,7 +39,10 @@ __all__ = ["LEASE_SECONDS", "Lease"]
 LEASE_SECONDS = 30.0  # a lease's length; renewed every third of it
 _MOST_READ = 4096  # bytes of a lease read: ours are under 100
 _PRECONDITION_FAILED = 412  # an If-Match that no longer matches
-_Call = Callable[[Callable[[], Any], str], Any]
+class _Call(Protocol):
+    """The store's calls: ``fs.<method>(*args, **kwargs)`` with retries and deadlines, ``what`` in errors."""
+
+    def __call__(self, what: str, method: str, /, *args: Any, **kwargs: Any) -> Any: ...
 
 
 class Lease(Lock):
@@ -78,12 +80,12 @@ class Lease(Lock):
         fs = self._fs
         fs.invalidate_cache(self._path)
         try:
-            info = self._call(lambda: fs.info(self._path), "reading the writer lease")
+            info = self._call("reading the writer lease", "info", self._path)
             size = int(info.get("size") or 0)
             end = min(size, _MOST_READ)
             data = b""
             if end:
-                data = self._call(lambda: fs.cat_file(self._path, start=0, end=end), "reading the lease")
+                data = self._call("reading the lease", "cat_file", self._path, start=0, end=end)
         except FileNotFoundError:
             return None, None
         try:
@@ -95,12 +97,12 @@ class Lease(Lock):
 
     def _acquire(self) -> None:
         """Create the lease, or take over one whose holder is gone: expired, or held by a process
-        that no longer runs in this PID namespace of this boot (:func:`_dead_here`). A lease that looks alive is watched until it should expire: if its
-        holder renews it meanwhile, another writer is running (LockedError)."""
-        fs = self._fs
+        that no longer runs in this PID namespace of this boot (:func:`_dead_here`). A lease that
+        looks alive is watched until it should expire: if its holder renews it meanwhile, another
+        writer is running (LockedError)."""
         new, expires = self._body()
         try:
-            self._call(lambda: fs.pipe_file(self._path, new, mode="create"), "taking the lease")
+            self._call("taking the lease", "pipe_file", self._path, new, mode="create")
             self._expires = expires
             return
         except FileExistsError:
@@ -131,10 +133,8 @@ class Lease(Lock):
         if "s3" in _protocols(fs) and tag is not None and tag.startswith('"'):
             bucket, key, _ = fs.split_path(self._path)
             try:
-                self._call(
-                    lambda: fs.call_s3("put_object", Bucket=bucket, Key=key, Body=body, IfMatch=tag),
-                    "renewing the writer lease",
-                )
+                what = "renewing the writer lease"
+                self._call(what, "call_s3", "put_object", Bucket=bucket, Key=key, Body=body, IfMatch=tag)
             except StorageError as exc:
                 if status_of(exc) == _PRECONDITION_FAILED:
                     # the lease changed; to ours if this very write went through and only its answer
@@ -147,7 +147,7 @@ class Lease(Lock):
             return True
         if self._read()[1] != tag:
             return False
-        self._call(lambda: fs.pipe_file(self._path, body), "renewing the writer lease")
+        self._call("renewing the writer lease", "pipe_file", self._path, body)
         self._expires = expires
         return True
 
@@ -206,7 +206,7 @@ class Lease(Lock):
             with contextlib.suppress(CrashsafeError, FileNotFoundError):
                 body, _ = self._read()
                 if body is not None and body.get("holder") == self.holder:
-                    self._call(lambda: self._fs.rm_file(self._path), "releasing the lease")
+                    self._call("releasing the lease", "rm_file", self._path)
 
 
 def _remaining(body: dict[str, Any] | None) -> float:
