@@ -19,16 +19,13 @@ holds a lease object (:mod:`crashsafe.storage.lease`).
 from __future__ import annotations
 
 import contextlib
-import os
 import secrets
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-import fsspec
 import fsspec.asyn
-from fsspec.implementations.local import LocalFileSystem
 
 import crashsafe._faults as faults
 from crashsafe.codecs.base import BytesLike
@@ -39,8 +36,8 @@ from crashsafe.storage.base import Capabilities, Draft, Lock, Store, StoredFile,
 from crashsafe.storage.bounds import bounded, within
 from crashsafe.storage.layout import LOCK_NAME, is_step_file, parse_step_name, step_name
 from crashsafe.storage.lease import LEASE_SECONDS, Lease
-from crashsafe.storage.localfs import SafeLocalFileSystem
 from crashsafe.storage.retry import with_retries
+from crashsafe.storage.urlfs import open_fs
 
 __all__ = ["FsspecStore"]
 
@@ -73,14 +70,7 @@ class FsspecStore(Store):
         self._lease: Lease | None = None  # held by this writer: checked before each commit and deletion
         self.location = url
         options, self.bounds, self.where = bounded(url, storage_options)  # where: with its endpoint
-        try:
-            self.fs, path = fsspec.core.url_to_fs(url, **options)
-        except (ImportError, ValueError) as exc:
-            raise StorageError(f"cannot open {url}: {exc}. Install the fsspec backend it needs") from None
-        if type(self.fs) is LocalFileSystem:  # file://: never through a link, never a FIFO
-            self.fs = SafeLocalFileSystem(**storage_options)
-            path = os.path.realpath(path)  # the root itself may be a link: the user chose it
-        self.root = path.rstrip("/")
+        self.fs, self.root = open_fs(url, options, storage_options)  # file://: the safe local one
         protocols = {self.fs.protocol} if isinstance(self.fs.protocol, str) else set(self.fs.protocol)
         self.is_s3 = bool(protocols & {"s3", "s3a"})
         if self.is_s3:
