@@ -152,9 +152,9 @@ class CheckpointManager:
         self._store = self._open(self.directory, create=True)
         self._lock = self._store.lock()
         self._store.remove_leftovers(self._store.leftovers())
-        if self.mirror is not None:
-            remote = self._open(self.mirror, create=True)
-            self._mirror = Mirror(self._store, remote, self._mirror_keep)
+        mirror = self.mirror
+        if mirror is not None:  # (one that does not answer now is connected in the background)
+            self._mirror = Mirror(self._store, lambda create: self._open(mirror, create), self._mirror_keep)
 
     # ----------------------------------------------------------------------------- saving
 
