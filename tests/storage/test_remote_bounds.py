@@ -171,17 +171,20 @@ def test_an_attempts_deadline_grows_with_its_bytes(bucket: str, options: dict[st
 
 def test_an_unreachable_endpoint_fails_at_once_and_a_read_claims_nothing_of_commits() -> None:
     """A refused connection took 38 s to fail (retries inside retries), and `ls` and `verify`
-    said "Nothing was committed", which means nothing for a read. Now: crashsafe's five attempts,
-    an error naming the endpoint, and no word of commits for a read."""
+    said "Nothing was committed", which means nothing for a read; over ``http://`` they said the
+    location "does not exist" (fsspec's HTTP file system calls a refused connection not found).
+    Now: crashsafe's five attempts, an error naming the endpoint and saying it refused."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]  # closed again: nothing listens there
     options = json.dumps(_options(port))
-    for command in ("ls", "verify"):
-        result = runner.invoke(app, [command, "s3://bucket/run", "--storage-options", options])
+    s3 = ["s3://bucket/run", "--storage-options", options]
+    for command, where in (("ls", s3), ("verify", s3), ("ls", [f"http://127.0.0.1:{port}/run"])):
+        result = runner.invoke(app, [command, *where])
         assert result.exit_code == 2, result.output
         output = " ".join(result.output.split())  # (the error line may be wrapped)
         assert f"127.0.0.1:{port}" in output and "failed 5 times" in output, output
+        assert "refused the connection" in output and "does not exist" not in output, output
         assert "committed" not in output, output
 
 
