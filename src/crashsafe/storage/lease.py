@@ -39,6 +39,8 @@ __all__ = ["LEASE_SECONDS", "Lease"]
 LEASE_SECONDS = 30.0  # a lease's length; renewed every third of it
 _MOST_READ = 4096  # bytes of a lease read: ours are under 100
 _PRECONDITION_FAILED = 412  # an If-Match that no longer matches
+
+
 class _Call(Protocol):
     """The store's calls: ``fs.<method>(*args, **kwargs)`` with retries and deadlines, ``what`` in errors."""
 
@@ -192,7 +194,7 @@ class Lease(Lock):
     def confirm(self) -> None:
         """``check()``, then read the lease object itself: LockedError unless it still names this
         writer. The renewer learns of a takeover only at its next renewal; a commit or a deletion
-        asks the store right before it happens (one small read)."""
+        asks the store right before it happens (two small requests)."""
         self.check()
         body, _ = self._read()
         if body is None or body.get("holder") != self.holder:
