@@ -28,7 +28,13 @@ COMMIT_POINTS = (
     "mid_delete",
 )
 # the manifest-last protocol of object stores (storage/objectstore.py); mid_data and mid_delete too
-OBJECT_COMMIT_POINTS = ("mid_upload", "after_upload_data", "after_put_manifest", "after_unlink_manifest")
+OBJECT_COMMIT_POINTS = (
+    "mid_upload",
+    "after_upload_data",
+    "after_lease_check",
+    "after_put_manifest",
+    "after_unlink_manifest",
+)
 
 _KILL_AT, _, _NTH = (os.environ.get("CRASHSAFE_KILL_AT") or "").partition(":")
 _LEFT = int(_NTH or 1)  # arrivals at _KILL_AT before the one that dies

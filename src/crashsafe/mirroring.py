@@ -12,6 +12,9 @@ read back and checksummed then (a manifest that matches says nothing of the shar
 upload is reported as a :class:`MirrorWarning` at the next save and retried then; nothing local is
 at risk. A mirror whose lease expired while it did not answer uploads again once a renewal goes
 through; one whose lease another writer took stays stale, and says so at each save and at close.
+A mirror that does not answer when the manager opens is no reason not to train: the manager opens
+with a warning, and the mirror's thread connects (creates the location, takes the lease, cleans
+leftovers) at the next save that finds it answering, as after an outage.
 """
 
 from __future__ import annotations
@@ -19,15 +22,23 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections.abc import Callable
 
 from crashsafe._log import logger, warn
 from crashsafe.chain import doomed_steps, protected_steps
-from crashsafe.errors import CorruptCheckpointError, CrashsafeError, MirrorWarning, NoCheckpointError
+from crashsafe.errors import (
+    CorruptCheckpointError,
+    CrashsafeError,
+    MirrorWarning,
+    NoCheckpointError,
+    StorageError,
+)
 from crashsafe.format.manifest import Manifest, PayloadEntry
 from crashsafe.policies.keep import KeepPolicy, StepFacts
 from crashsafe.storage.background import lower_thread_priority
 from crashsafe.storage.base import Lock, Store
 from crashsafe.storage.reader import StepReader, read_manifest
+from crashsafe.storage.retry import is_transient
 from crashsafe.storage.writer import StepWriter, delete_steps
 
 __all__ = ["Mirror", "copy_step"]
@@ -74,13 +85,30 @@ def _moved(entry: PayloadEntry, file: str, offset: int) -> PayloadEntry:
 
 
 class Mirror:
-    """Copies steps from ``local`` to ``remote`` in a background thread; owns ``remote``'s lock."""
+    """Copies steps from ``local`` to the mirror in a background thread; owns the mirror's lock.
+    ``open_remote(create)`` opens the mirror: at once, or (it does not answer) in the background."""
 
-    def __init__(self, local: Store, remote: Store, keep: KeepPolicy | None) -> None:
-        self.local, self.remote, self.keep = local, remote, keep
-        self._lock: Lock = remote.lock()  # the lease is renewed at full priority
-        self._target = remote  # where the mirror thread copies to (remote.background() once it runs)
-        remote.remove_leftovers(remote.leftovers())
+    def __init__(self, local: Store, open_remote: Callable[[bool], Store], keep: KeepPolicy | None) -> None:
+        self.local, self.keep, self._open_remote = local, keep, open_remote
+        self._lock: Lock | None = None  # the mirror's lease, once connected
+        remote: Store | None = None
+        try:
+            self.remote = remote = open_remote(True)
+            self._connect()  # the lease is renewed at full priority
+        except StorageError as exc:
+            if not is_transient(exc.__cause__ or exc):
+                if remote is not None:
+                    remote.close()
+                raise
+            self.remote = remote or open_remote(False)  # (an object store: opened without a request)
+            message = (
+                f"the mirror {self.remote.location} cannot be reached ({exc}). Training goes on without it: "
+                "steps are saved locally and kept there until mirrored; the mirror is tried again at each "
+                "save and the steps are uploaded once it answers"
+            )
+            warn(message, MirrorWarning)
+            logger().warning("%s", message)
+        self._target = self.remote  # where the mirror thread copies to (remote.background() once it runs)
         self._bases: dict[int, frozenset[int]] = {}
         self._facts: dict[int, StepFacts] = {}  # the mirror's steps' commit times and metrics (cache)
         # every local step until the mirror thread finds the very save there: a step of a previous
@@ -137,13 +165,45 @@ class Mirror:
                 self._cond.wait(left)
             return not self._pending
 
-    def _run(self) -> None:
-        lower_thread_priority(MIRROR_NICE)
+    def _connect(self, create: bool = False) -> None:
+        """Take the mirror's lease and remove earlier writers' leftovers; with ``create``, create its
+        location first (the open does that, unless the mirror did not answer then)."""
+        if create:
+            self._open_remote(True).close()
+        self._lock = self.remote.lock()
+        self.remote.remove_leftovers(self.remote.leftovers())
+
+    def _background(self) -> None:
         try:
             self._target = self.remote.background()  # its I/O threads start here: as nice as this one
         except (CrashsafeError, OSError) as exc:
             where = self.remote.location
             self._note(f"opening {where} for background uploads failed: {exc}; the writer's client uploads")
+
+    def _connected(self, todo: list[int]) -> bool:
+        """Whether the mirror is connected, connecting it first if it did not answer before (its
+        lease then renews from this thread; its requests run on fsspec's loop, at full priority)."""
+        if self._lock is not None:
+            return True
+        try:
+            self._connect(create=True)
+        except (CrashsafeError, OSError) as exc:
+            with self._cond:
+                self._failed_round.update(todo)
+                missing = sorted(self._pending)
+            self._note(
+                f"connecting to the mirror {self.remote.location} failed ({exc}); the steps stay local, "
+                f"tried again at the next save (the mirror lacks steps {missing})"
+            )
+            return False
+        logger().warning("the mirror %s answers again: uploading steps %s", self.remote.location, todo)
+        self._background()
+        return True
+
+    def _run(self) -> None:
+        lower_thread_priority(MIRROR_NICE)
+        if self._lock is not None:
+            self._background()
         try:
             self._serve()
         finally:
@@ -159,14 +219,16 @@ class Mirror:
                 if not todo:
                     return
                 self._busy = True
-            for step in todo:  # oldest first: bases before their deltas
-                self._mirror(step)
-            self._prune()
+            if self._connected(todo):
+                for step in todo:  # oldest first: bases before their deltas
+                    self._mirror(step)
+                self._prune()
             with self._cond:
                 self._busy = False
                 self._cond.notify_all()
 
     def _mirror(self, step: int) -> None:
+        assert self._lock is not None  # (connected)
         try:
             self._lock.check()  # an expired or lost lease uploads nothing (its shards would be garbage)
             there = step in self._target.steps()
@@ -250,6 +312,7 @@ class Mirror:
             self._facts.pop(step, None)
 
     def _prune(self) -> None:
+        assert self._lock is not None  # (connected)
         try:
             self._lock.check()
         except CrashsafeError:
@@ -275,8 +338,9 @@ class Mirror:
         failed are tried once more while the lease holds), then stop; steps still not mirrored are
         reported (the mirror is stale)."""
         with contextlib.suppress(CrashsafeError):
-            self._lock.check()
-            self.retry()
+            if self._lock is not None:  # (a mirror never connected is not tried again as the job ends)
+                self._lock.check()
+                self.retry()
         self.wait(timeout)
         with self._cond:
             self._closing = True
@@ -288,5 +352,6 @@ class Mirror:
                 "They stay in the local directory; a manager opened with this mirror uploads them"
             )
         self._thread.join()
-        self._lock.release()
+        if self._lock is not None:
+            self._lock.release()
         self.remote.close()

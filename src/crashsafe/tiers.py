@@ -56,8 +56,9 @@ class Tiers:
             return
         self._lock = self.store.lock()
         self.store.remove_leftovers(self.store.leftovers())
-        if self.mirror is not None:
-            self._mirror = Mirror(self.store, self.open(self.mirror, create=True), self.mirror_keep)
+        mirror = self.mirror
+        if mirror is not None:  # (one that does not answer now is connected in the background)
+            self._mirror = Mirror(self.store, lambda create: self.open(mirror, create), self.mirror_keep)
 
     def check(self, doing: str) -> None:
         """Refuse to go on if the location was deleted or replaced under this writer, or its lock

@@ -7,6 +7,7 @@ Modes, chosen per connection when it is accepted:
   then the connection is closed (what an overloaded S3 front end does);
 - ``drop``: the connection is reset at once (a dead node, a network partition);
 - ``delay``: like ``pass`` after ``delay`` seconds (a slow network);
+- ``throttle``: like ``pass`` at ``rate`` bytes per second each way (a slow, steady link);
 - ``lose``: the next answer the server sends, on any connection, never reaches the client: its
   connection ends instead (the request was carried out; the client cannot know). Then ``pass``.
 
@@ -24,18 +25,20 @@ import threading
 import time
 
 _STATUS = re.compile(rb"HTTP/1\.[01] (\d{3}) ")
+_CHUNK = 16 << 10  # bytes passed at a time when throttled
 
 
 class FaultProxy:
-    def __init__(self, target_port: int, delay: float = 0.5) -> None:
+    def __init__(self, target_port: int, delay: float = 0.5, rate: float = 1 << 20) -> None:
         self.target = ("127.0.0.1", target_port)
         self.delay = delay
+        self.rate = rate
         self._mode = "pass"
         self._until = 0.0
         self._listener = socket.create_server(("127.0.0.1", 0))
         self._listener.settimeout(0.1)  # accept() wakes up to see close()
         self.port: int = self._listener.getsockname()[1]
-        self.counts: dict[str, int] = {"pass": 0, "503": 0, "drop": 0, "delay": 0, "lose": 0}
+        self.counts: dict[str, int] = {"pass": 0, "503": 0, "drop": 0, "delay": 0, "lose": 0, "throttle": 0}
         self.answered = 0
         self._counting = threading.Lock()
         self._stop = threading.Event()
@@ -92,16 +95,19 @@ class FaultProxy:
                 upstream = socket.create_connection(self.target)
             except OSError:
                 return
+            rate = self.rate if mode == "throttle" else None
             with contextlib.closing(upstream):
-                back = threading.Thread(target=self._answer, args=(upstream, client), daemon=True)
+                back = threading.Thread(target=self._answer, args=(upstream, client, rate), daemon=True)
                 back.start()
-                _pipe(client, upstream)
+                _pipe(client, upstream, rate)
                 back.join(timeout=30)
 
-    def _answer(self, upstream: socket.socket, client: socket.socket) -> None:
+    def _answer(self, upstream: socket.socket, client: socket.socket, rate: float | None) -> None:
         """The server's answers to the client, unless one is to be lost (``lose``)."""
         with contextlib.suppress(OSError):
-            while chunk := upstream.recv(1 << 16):
+            while chunk := upstream.recv(_CHUNK if rate else 1 << 16):
+                if rate:
+                    time.sleep(len(chunk) / rate)
                 final = any(not code.startswith(b"1") for code in _STATUS.findall(chunk))  # not a 100
                 if final and self.mode() == "lose":
                     self._mode = "pass"
@@ -140,9 +146,11 @@ def _read_request(sock: socket.socket) -> None:
         body += chunk
 
 
-def _pipe(src: socket.socket, dst: socket.socket) -> None:
+def _pipe(src: socket.socket, dst: socket.socket, rate: float | None = None) -> None:
     with contextlib.suppress(OSError):
-        while chunk := src.recv(1 << 16):
+        while chunk := src.recv(_CHUNK if rate else 1 << 16):
+            if rate:
+                time.sleep(len(chunk) / rate)
             dst.sendall(chunk)
     with contextlib.suppress(OSError):
         dst.shutdown(socket.SHUT_WR)

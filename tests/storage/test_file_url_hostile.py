@@ -12,8 +12,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+from typer.testing import CliRunner
 
 import crashsafe as cs
+from crashsafe.cli.app import app
 from crashsafe.storage.layout import step_dir, step_name
 from crashsafe.storage.objectstore import FsspecStore
 
@@ -171,3 +173,41 @@ def test_only_objects_named_as_a_steps_files_are_leftovers(tmp_path: Path) -> No
     for step in (1, 7):
         assert (step_dir(tmp_path, step) / "notes.txt").read_text() == "mine"
     assert cs.CheckpointManager(url, read_only=True).steps() == [1, 2]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("url", "options"),
+    [
+        ("blockcache::file://{run}", {}),
+        ("simplecache::file://{run}", {}),
+        ("filecache::file://{run}", {}),
+        ("blockcache://{run}", {"target_protocol": "file"}),
+        ("dir://{run}", {"target_protocol": "file", "path": "/"}),
+    ],
+)
+def test_a_caching_or_chained_url_over_local_files_is_refused(
+    tmp_path: Path, victim: Path, url: str, options: dict[str, Any]
+) -> None:
+    """A caching layer is not fsspec's plain local file system, so crashsafe's safe one was not put
+    under it: `verify` of ``blockcache::file://`` hung on a FIFO manifest, and links were followed
+    out of the location. Such URLs are refused before anything is opened, by the API and the CLI."""
+    run = tmp_path / "run"
+    _run(run, range(1, 3))
+    manifest = step_dir(run, 2) / "manifest.json"
+    manifest.unlink()
+    os.mkfifo(manifest)
+    shutil.rmtree(step_dir(run, 1))
+    os.symlink(victim, step_dir(run, 1))
+    where = url.format(run=run)
+    for call in (
+        lambda: cs.verify(where, storage_options=options),
+        lambda: cs.CheckpointManager(where, storage_options=options, async_save=False),
+        lambda: cs.CheckpointManager(where, storage_options=options, read_only=True).load(),
+    ):
+        with pytest.raises(cs.StorageError, match=r"cannot open .*not through a cache.*Check the URL"):
+            within(10, call)
+    if not options:
+        result = CliRunner().invoke(app, ["verify", where])
+        assert result.exit_code == 2 and "not through a cache" in " ".join(result.output.split())
+    untouched(victim)

@@ -497,7 +497,7 @@ def test_a_commit_whose_answer_was_lost_stands_whole(
     reached = faults.reached
 
     def lose_the_manifests_answer(point: str) -> None:
-        if point == "after_upload_data":  # the data are up; the manifest's upload comes next
+        if point == "after_lease_check":  # the data are up; the manifest's upload comes next
             proxy.fault("lose", seconds=30)
         reached(point)
 
@@ -524,7 +524,7 @@ def test_a_commit_the_store_cannot_confirm_keeps_its_data_and_says_so(
     reached = faults.reached
 
     def outage_before_the_manifest(point: str) -> None:
-        if point == "after_upload_data":
+        if point == "after_lease_check":
             proxy.fault("503")
         reached(point)
 

@@ -9,12 +9,16 @@ import contextlib
 import json
 import re
 import socket
+import subprocess
+import sys
 import threading
+import time
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from botocore.exceptions import ClientError
 from typer.testing import CliRunner
@@ -24,14 +28,21 @@ from crashsafe.cli.app import app
 from crashsafe.storage.bounds import bounded_s3_options
 from crashsafe.storage.retry import is_transient, with_retries
 
+from .faultproxy import FaultProxy
+
 runner = CliRunner()
 
 
 class SilentEndpoint:
     """A listener on 127.0.0.1 that accepts every connection and never answers (a hung proxy, a
-    stalled load balancer); it counts the connections it accepted."""
+    stalled load balancer); it counts the connections it accepted. With ``trickle`` it answers
+    each request one byte every 0.2 s, forever: within its headers (``"headers"``), or in a body
+    it announced as 1 MB (``"body"``; a HEAD gets 404 at once, so a listing follows). Every read
+    then gets a byte well within any read time-out."""
 
-    def __init__(self) -> None:
+    def __init__(self, trickle: str | None = None) -> None:
+        self._trickle = trickle
+        self._closed = threading.Event()
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port: int = self._listener.getsockname()[1]
         self.accepted: list[socket.socket] = []
@@ -45,8 +56,22 @@ class SilentEndpoint:
             except OSError:
                 return  # closed
             self.accepted.append(conn)  # held open, never read, never answered
+            if self._trickle is not None:
+                threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        head = b"HTTP/1.1 200 OK\r\nX-Slow: "
+        if self._trickle == "body":
+            head = b"HTTP/1.1 200 OK\r\nContent-Type: application/xml\r\nContent-Length: 1000000\r\n\r\n<"
+        with contextlib.suppress(OSError):
+            while conn.recv(65536).startswith(b"HEAD") and self._trickle == "body":
+                conn.sendall(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
+            conn.sendall(head)
+            while not self._closed.wait(0.2):
+                conn.sendall(b"a" if self._trickle == "headers" else b" ")
 
     def close(self) -> None:
+        self._closed.set()
         with contextlib.suppress(OSError):
             self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()
@@ -95,19 +120,71 @@ def test_a_silent_endpoint_fails_within_its_bounds_and_names_itself(silent: Sile
     assert len(silent.accepted) <= 6 + 2 * 3  # (s3fs asks whether the bucket exists before it creates)
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("trickle", ["headers", "body"])
+def test_an_endpoint_that_trickles_bytes_fails_within_each_attempts_deadline(trickle: str) -> None:
+    """One byte every 0.2 s never trips a read time-out, so `crashsafe ls` ran on past 90 s
+    (trickled headers) and 60 s (a trickled body). Each attempt now has a deadline, 3 × (connect +
+    read time-outs) by default: two attempts, then an error naming the endpoint and the deadline."""
+    endpoint = SilentEndpoint(trickle)
+    try:
+        bounds = {"connect_timeout": 0.5, "read_timeout": 1, "retries": {"total_max_attempts": 2}}
+        options = json.dumps(_options(endpoint.port, **bounds))
+        command = [sys.executable, "-m", "crashsafe", "ls", "s3://bucket/run", "--storage-options", options]
+        started = time.monotonic()
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+        output = " ".join(done.stderr.split())
+        assert done.returncode == 2 and time.monotonic() - started < 30, output
+        assert f"127.0.0.1:{endpoint.port}" in output and "failed 2 times" in output, output
+        assert "deadline of 4.5 s" in output and "attempt_timeout" in output, output
+    finally:
+        endpoint.close()
+
+
+@pytest.mark.timeout(120)
+def test_an_attempts_deadline_grows_with_its_bytes(bucket: str, options: dict[str, Any]) -> None:
+    """A slow, steady link (2 MiB/s through a proxy): a 4 MiB payload takes 2 s each way, past an
+    attempt_timeout of 1 s, and still saves and loads, since its bytes add their time at
+    min_throughput. Asking for more throughput than the link has fails the save, committing nothing."""
+    proxy = FaultProxy(int(options["client_kwargs"]["endpoint_url"].rsplit(":", 1)[1]), rate=2 << 20)
+    try:
+        proxy.fault("throttle")
+        url = f"s3://{bucket}/run"
+        client = {**options["client_kwargs"], "endpoint_url": proxy.endpoint}
+        for throughput, fits in ((1 << 20, True), (64 << 20, False)):
+            tries = {"total_max_attempts": 2}
+            config = {"attempt_timeout": 1, "min_throughput": throughput, "retries": tries}
+            slow = {**options, "client_kwargs": client, "config_kwargs": config}
+            with cs.CheckpointManager(url, storage_options=slow, async_save=False, keep_last=None) as mgr:
+                step = len(mgr.steps()) + 1
+                if fits:
+                    mgr.save(step, {"w": np.full(1 << 19, 7.0)})  # 4 MiB
+                    assert np.all(mgr.load(step)["w"] == 7.0)
+                else:
+                    with pytest.raises(cs.StorageError, match="deadline.*not committed"):
+                        mgr.save(step, {"w": np.full(1 << 19, 7.0)})
+        assert proxy.counts["throttle"] > 0
+        assert cs.CheckpointManager(url, storage_options=options, read_only=True).steps() == [1]
+    finally:
+        proxy.close()
+
+
 def test_an_unreachable_endpoint_fails_at_once_and_a_read_claims_nothing_of_commits() -> None:
     """A refused connection took 38 s to fail (retries inside retries), and `ls` and `verify`
-    said "Nothing was committed", which means nothing for a read. Now: crashsafe's five attempts,
-    an error naming the endpoint, and no word of commits for a read."""
+    said "Nothing was committed", which means nothing for a read; over ``http://`` they said the
+    location "does not exist" (fsspec's HTTP file system calls a refused connection not found).
+    Now: crashsafe's five attempts, an error naming the endpoint and saying it refused."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]  # closed again: nothing listens there
     options = json.dumps(_options(port))
-    for command in ("ls", "verify"):
-        result = runner.invoke(app, [command, "s3://bucket/run", "--storage-options", options])
+    s3 = ["s3://bucket/run", "--storage-options", options]
+    for command, where in (("ls", s3), ("verify", s3), ("ls", [f"http://127.0.0.1:{port}/run"])):
+        result = runner.invoke(app, [command, *where])
         assert result.exit_code == 2, result.output
         output = " ".join(result.output.split())  # (the error line may be wrapped)
         assert f"127.0.0.1:{port}" in output and "failed 5 times" in output, output
+        assert "refused the connection" in output and "does not exist" not in output, output
         assert "committed" not in output, output
 
 
@@ -119,7 +196,13 @@ def test_the_bounds_are_botocores_own_options_and_refuse_no_bound() -> None:
     assert (bounds.attempts, bounds.connect_timeout, bounds.read_timeout) == (3, 5.0, 2.0)
     assert options["config_kwargs"]["retries"] == {"total_max_attempts": 1}
     assert bounded_s3_options({})[1].attempts == 5
-    for bad in ({"read_timeout": None}, {"connect_timeout": 0}, {"retries": {"total_max_attempts": 0}}):
+    assert bounded_s3_options({})[1].deadline() == 60  # 3 × (5 + 15) s
+    assert bounded_s3_options({})[1].deadline(1 << 30) == 60 + 8192  # 1 GiB at 128 KiB/s
+    ours = {"attempt_timeout": 9, "min_throughput": 1000}  # crashsafe's: botocore would refuse them
+    options, bounds = bounded_s3_options({"config_kwargs": ours})
+    assert bounds.deadline(500) == 9.5 and not set(ours) & set(options["config_kwargs"])
+    bad_ones = ({"read_timeout": None}, {"connect_timeout": 0}, {"retries": {"total_max_attempts": 0}})
+    for bad in (*bad_ones, {"attempt_timeout": float("inf")}, {"min_throughput": -1}):
         with pytest.raises(cs.StorageError, match="config_kwargs"):
             cs.CheckpointManager("s3://bucket/run", storage_options={"config_kwargs": bad}, read_only=True)
 

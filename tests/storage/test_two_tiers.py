@@ -256,3 +256,50 @@ def test_a_mirror_whose_lease_expired_in_an_outage_uploads_again(
         assert any("lease" in message and "expired" in message for message in said), said
     remote = cs.CheckpointManager(mirror, storage_options=options, read_only=True)
     assert remote.steps() == [1, 2, 3, 4] and cs.verify(mirror, storage_options=options).ok
+
+
+def test_a_mirror_unreachable_when_the_manager_opens_never_stops_training(
+    tmp_path: Path, bucket: str, options: dict[str, Any], proxy: FaultProxy
+) -> None:
+    """A mirror that did not answer when the manager opened failed the job with a StorageError
+    (after about 100 s of its default bounds) instead of training locally. Now the manager opens
+    with a MirrorWarning, saves locally, keeps what the mirror lacks, and connects (creates the
+    location, takes the lease) at the first save that finds it answering."""
+    client = {**options["client_kwargs"], "endpoint_url": proxy.endpoint}
+    flaky = {**options, "client_kwargs": client, "config_kwargs": {"retries": {"total_max_attempts": 2}}}
+    mirror = f"s3://{bucket}/run"
+    proxy.fault("drop")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mgr = cs.CheckpointManager(tmp_path / "local", keep_last=1, mirror=mirror, storage_options=flaky)
+        for step in (1, 2):
+            mgr.save(step, _state(step))
+        assert not mgr.wait_mirror(timeout=60)  # tried, failed for now
+        mgr.save(3, _state(3))  # (reports the failed try)
+        mgr.wait()
+    said = [str(w.message) for w in caught if issubclass(w.category, cs.MirrorWarning)]
+    assert any("cannot be reached" in m and "Training goes on without it" in m for m in said), said
+    assert any("connecting to the mirror" in m and "the mirror lacks steps [1, 2]" in m for m in said), said
+    assert cs.CheckpointManager(tmp_path / "local", read_only=True).steps() == [1, 2, 3]  # kept
+    proxy.fault("pass", 0)
+    mgr.save(4, _state(4))  # the next save finds the mirror answering
+    assert mgr.wait_mirror(timeout=60)
+    mgr.close()
+    remote = cs.CheckpointManager(mirror, storage_options=options, read_only=True)
+    assert remote.steps() == [1, 2, 3, 4] and cs.verify(mirror, storage_options=options).ok
+    assert cs.CheckpointManager(tmp_path / "local", read_only=True).steps() == [4]
+
+
+def test_a_mirror_another_writer_holds_still_fails_the_open(
+    tmp_path: Path, bucket: str, options: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only a mirror that does not answer is left for later: one that answers that another job is
+    writing it (its lease renewed) is a mistake to stop at, as before."""
+    monkeypatch.setattr(objectstore, "LEASE_SECONDS", 1.5)
+    mirror = f"s3://{bucket}/run"
+    holder = objectstore.FsspecStore(mirror, options, lease_seconds=1.5).lock()
+    try:
+        with pytest.raises(cs.LockedError, match="keeps renewing its lease"):
+            cs.CheckpointManager(tmp_path / "local", mirror=mirror, storage_options=options)
+    finally:
+        holder.release()

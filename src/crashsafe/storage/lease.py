@@ -1,29 +1,33 @@
 """The one-writer lock of an object store: a lease object naming its holder and when it expires.
 
 Object stores have no ``flock``, and a writer that dies never says so. So the writer creates
-``.lock`` (conditionally: only if absent) holding ``{"holder", "expires"}`` and renews it in the
-background every third of its length. Another writer may take over a lease only once it has
-expired. Renewals and takeovers compare-and-swap on S3 (``If-Match`` on the ETag); on stores without
-a conditional update they re-read and overwrite, which two writers racing to take over the same
-expired lease could both pass (docs/storage.md).
+``.lock`` (conditionally: only if absent) holding ``{"holder", "expires", "boot", "pidns"}`` and
+renews it in the background every third of its length. Another writer may take over a lease only
+once it has expired, or at once if its holder was a process that no longer runs in this very PID
+namespace of this very boot (a hostname names neither: a container in another PID namespace, or
+another machine of that name, sees no such process). Renewals and takeovers compare-and-swap on
+S3 (``If-Match`` on the ETag); on stores without a conditional update they re-read and overwrite,
+which two writers racing to take over the same expired lease could both pass (docs/storage.md).
 
 A writer whose lease expired unrenewed (the store did not answer) commits and deletes nothing
 (LockedError) until a renewal goes through; the renewal goes through only while the lease object
 still names this writer, so no other writer took over meanwhile, and writing then resumes. A writer
-that finds its lease taken over (or gone) stops for good.
+that finds its lease taken over (or gone) stops for good; right before each commit and deletion it
+reads the lease object itself (:meth:`Lease.confirm`), not only what its renewer last saw.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from crashsafe.errors import CrashsafeError, LockedError, StorageError
 from crashsafe.storage.base import Lock
@@ -35,7 +39,12 @@ __all__ = ["LEASE_SECONDS", "Lease"]
 LEASE_SECONDS = 30.0  # a lease's length; renewed every third of it
 _MOST_READ = 4096  # bytes of a lease read: ours are under 100
 _PRECONDITION_FAILED = 412  # an If-Match that no longer matches
-_Call = Callable[[Callable[[], Any], str], Any]
+
+
+class _Call(Protocol):
+    """The store's calls: ``fs.<method>(*args, **kwargs)`` with retries and deadlines, ``what`` in errors."""
+
+    def __call__(self, what: str, method: str, /, *args: Any, **kwargs: Any) -> Any: ...
 
 
 class Lease(Lock):
@@ -62,7 +71,8 @@ class Lease(Lock):
         """A lease of ours expiring a lease length from now, and that time: it becomes this writer's
         own expiry only once the write went through (a renewal that fails moves nothing forward)."""
         expires = time.time() + self._seconds
-        return json.dumps({"holder": self.holder, "expires": expires}).encode(), expires
+        body = {"holder": self.holder, "expires": expires, **_here()}
+        return json.dumps(body).encode(), expires
 
     def _read(self) -> tuple[dict[str, Any] | None, str | None]:
         """The lease as it is now ({} if unreadable) and its tag; (None, None) if there is none.
@@ -72,12 +82,12 @@ class Lease(Lock):
         fs = self._fs
         fs.invalidate_cache(self._path)
         try:
-            info = self._call(lambda: fs.info(self._path), "reading the writer lease")
+            info = self._call("reading the writer lease", "info", self._path)
             size = int(info.get("size") or 0)
             end = min(size, _MOST_READ)
             data = b""
             if end:
-                data = self._call(lambda: fs.cat_file(self._path, start=0, end=end), "reading the lease")
+                data = self._call("reading the lease", "cat_file", self._path, start=0, end=end)
         except FileNotFoundError:
             return None, None
         try:
@@ -88,13 +98,13 @@ class Lease(Lock):
         return body if isinstance(body, dict) else {}, tag
 
     def _acquire(self) -> None:
-        """Create the lease, or take over one whose holder is gone: expired, or held by a dead
-        process of this host. A lease that looks alive is watched until it should expire: if its
-        holder renews it meanwhile, another writer is running (LockedError)."""
-        fs = self._fs
+        """Create the lease, or take over one whose holder is gone: expired, or held by a process
+        that no longer runs in this PID namespace of this boot (:func:`_dead_here`). A lease that
+        looks alive is watched until it should expire: if its holder renews it meanwhile, another
+        writer is running (LockedError)."""
         new, expires = self._body()
         try:
-            self._call(lambda: fs.pipe_file(self._path, new, mode="create"), "taking the lease")
+            self._call("taking the lease", "pipe_file", self._path, new, mode="create")
             self._expires = expires
             return
         except FileExistsError:
@@ -125,10 +135,8 @@ class Lease(Lock):
         if "s3" in _protocols(fs) and tag is not None and tag.startswith('"'):
             bucket, key, _ = fs.split_path(self._path)
             try:
-                self._call(
-                    lambda: fs.call_s3("put_object", Bucket=bucket, Key=key, Body=body, IfMatch=tag),
-                    "renewing the writer lease",
-                )
+                what = "renewing the writer lease"
+                self._call(what, "call_s3", "put_object", Bucket=bucket, Key=key, Body=body, IfMatch=tag)
             except StorageError as exc:
                 if status_of(exc) == _PRECONDITION_FAILED:
                     # the lease changed; to ours if this very write went through and only its answer
@@ -141,7 +149,7 @@ class Lease(Lock):
             return True
         if self._read()[1] != tag:
             return False
-        self._call(lambda: fs.pipe_file(self._path, body), "renewing the writer lease")
+        self._call("renewing the writer lease", "pipe_file", self._path, body)
         self._expires = expires
         return True
 
@@ -183,6 +191,16 @@ class Lease(Lock):
                 "nothing until a renewal goes through, and goes on then unless another writer took over"
             )
 
+    def confirm(self) -> None:
+        """``check()``, then read the lease object itself: LockedError unless it still names this
+        writer. The renewer learns of a takeover only at its next renewal; a commit or a deletion
+        asks the store right before it happens (two small requests)."""
+        self.check()
+        body, _ = self._read()
+        if body is None or body.get("holder") != self.holder:
+            self._lost = f"another writer took over the lease of {self._location} (or removed it)"
+            self.check()
+
     def release(self) -> None:
         self._stop.set()
         self._renewer.join()
@@ -190,7 +208,7 @@ class Lease(Lock):
             with contextlib.suppress(CrashsafeError, FileNotFoundError):
                 body, _ = self._read()
                 if body is not None and body.get("holder") == self.holder:
-                    self._call(lambda: self._fs.rm_file(self._path), "releasing the lease")
+                    self._call("releasing the lease", "rm_file", self._path)
 
 
 def _remaining(body: dict[str, Any] | None) -> float:
@@ -199,11 +217,30 @@ def _remaining(body: dict[str, Any] | None) -> float:
     return max(0.0, expires - time.time()) if isinstance(expires, (int, float)) else 0.0
 
 
+@functools.cache
+def _here() -> dict[str, str]:
+    """What names this process's PID space beyond the hostname: the kernel's boot id and the
+    inode of this process's PID namespace (Linux; {} elsewhere, so a lease is waited out there)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        pidns = str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return {}
+    return {"boot": boot, "pidns": pidns} if boot else {}
+
+
 def _dead_here(body: dict[str, Any] | None) -> bool:
-    """Whether the lease's holder was a process of this host that no longer runs."""
-    host, _, rest = str((body or {}).get("holder", "")).partition(":")
+    """Whether the lease's holder was a process of this host that no longer runs: only if the lease
+    names this hostname, this boot and this PID namespace. A pid is a number within one namespace:
+    a writer in another container (or on another machine) of the same hostname is no process here,
+    and taking its live lease at once let a second writer remove the first's shards mid-save."""
+    body = body or {}
+    host, _, rest = str(body.get("holder", "")).partition(":")
     pid = rest.partition(":")[0]
-    if host != socket.gethostname() or not pid.isdigit():
+    here = _here()
+    if host != socket.gethostname() or not pid.isdigit() or not here:
+        return False
+    if any(body.get(name) != value for name, value in here.items()):
         return False
     try:
         os.kill(int(pid), 0)

@@ -19,17 +19,13 @@ holds a lease object (:mod:`crashsafe.storage.lease`).
 from __future__ import annotations
 
 import contextlib
-import functools
-import os
 import secrets
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-import fsspec
 import fsspec.asyn
-from fsspec.implementations.local import LocalFileSystem
 
 import crashsafe._faults as faults
 from crashsafe.codecs.base import BytesLike
@@ -37,11 +33,11 @@ from crashsafe.errors import CheckpointExistsError, CorruptCheckpointError, NoCh
 from crashsafe.format.manifest import MANIFEST_NAME
 from crashsafe.storage.background import IOLoop
 from crashsafe.storage.base import Capabilities, Draft, Lock, Store, StoredFile, StoredStep
-from crashsafe.storage.bounds import bounded
+from crashsafe.storage.bounds import bounded, within
 from crashsafe.storage.layout import LOCK_NAME, is_step_file, parse_step_name, step_name
 from crashsafe.storage.lease import LEASE_SECONDS, Lease
-from crashsafe.storage.localfs import SafeLocalFileSystem
 from crashsafe.storage.retry import with_retries
+from crashsafe.storage.urlfs import open_fs
 
 __all__ = ["FsspecStore"]
 
@@ -74,14 +70,7 @@ class FsspecStore(Store):
         self._lease: Lease | None = None  # held by this writer: checked before each commit and deletion
         self.location = url
         options, self.bounds, self.where = bounded(url, storage_options)  # where: with its endpoint
-        try:
-            self.fs, path = fsspec.core.url_to_fs(url, **options)
-        except (ImportError, ValueError) as exc:
-            raise StorageError(f"cannot open {url}: {exc}. Install the fsspec backend it needs") from None
-        if type(self.fs) is LocalFileSystem:  # file://: never through a link, never a FIFO
-            self.fs = SafeLocalFileSystem(**storage_options)
-            path = os.path.realpath(path)  # the root itself may be a link: the user chose it
-        self.root = path.rstrip("/")
+        self.fs, self.root = open_fs(url, options, storage_options)  # file://: the safe local one
         protocols = {self.fs.protocol} if isinstance(self.fs.protocol, str) else set(self.fs.protocol)
         self.is_s3 = bool(protocols & {"s3", "s3a"})
         if self.is_s3:
@@ -92,7 +81,7 @@ class FsspecStore(Store):
         self.lease_seconds = LEASE_SECONDS if lease_seconds is None else lease_seconds
         if create:
             try:
-                self._call(lambda: self.fs.makedirs(self.root, exist_ok=True), "creating the location")
+                self._call("creating the location", "makedirs", self.root, exist_ok=True)
             except (FileExistsError, StorageError) as exc:
                 if isinstance(exc, StorageError) and not isinstance(exc.__cause__, NotADirectoryError):
                     raise
@@ -105,7 +94,7 @@ class FsspecStore(Store):
         """NoCheckpointError unless something is stored under the root (or, for a bucket's root, the
         bucket exists): for a reader, a URL that leads nowhere is a mistake, not an empty run."""
         try:
-            self._call(lambda: self.fs.info(self.root), "opening the location")
+            self._call("opening the location", "info", self.root)
         except FileNotFoundError:
             raise NoCheckpointError(
                 f"checkpoint location {self.location} does not exist (nothing is stored there); check the URL"
@@ -143,16 +132,19 @@ class FsspecStore(Store):
     def path(self, *names: str) -> str:
         return "/".join((self.root, *names))
 
-    def _call(self, op: Callable[[], Any], what: str) -> Any:
-        """``op()`` with retries; an error names ``what`` was done, the location and its endpoint."""
-        return with_retries(op, f"{what} ({self.where})", self.bounds.attempts)
+    def _call(self, what: str, method: str, *args: Any, nbytes: int = 0, **kwargs: Any) -> Any:
+        """``self.fs.<method>(*args, **kwargs)`` with retries, each attempt within its deadline for
+        about ``nbytes`` moved (:mod:`crashsafe.storage.bounds`); an error names ``what`` was done,
+        the location and its endpoint."""
+        call = within(getattr(self.fs, method), self.bounds.deadline(nbytes))
+        return with_retries(lambda: call(*args, **kwargs), f"{what} ({self.where})", self.bounds.attempts)
 
     def _objects(self) -> list[str]:
         """Keys below the root, relative to it, at most two levels deep (step_<n>/<file>). One flat
         listing (on S3 a request per 1000 keys), not one per step prefix."""
         self.fs.invalidate_cache(self.root)
         try:
-            found = self._call(lambda: self.fs.find(self.root), "listing checkpoints")
+            found = self._call("listing checkpoints", "find", self.root)
         except FileNotFoundError:
             return []
         prefix = self.root + "/"
@@ -176,7 +168,7 @@ class FsspecStore(Store):
         path = self.path(step_name(step), MANIFEST_NAME)
         self.fs.invalidate_cache(path)
         try:
-            self._call(lambda: self.fs.info(path), f"checking step {step}")
+            self._call(f"checking step {step}", "info", path)
         except FileNotFoundError:
             return False
         return True
@@ -190,9 +182,10 @@ class FsspecStore(Store):
     def check_lease(self) -> None:
         """LockedError if this store's writer lost its lease (taken over, or expired unrenewed): it
         then commits and deletes nothing more, beside a writer that took over (a writer paused past
-        its lease, or cut off from the store, resumes here)."""
+        its lease, or cut off from the store, resumes here). The lease object is read, not only
+        what the renewer last saw: a takeover since its last renewal stops this commit."""
         if self._lease is not None:
-            self._lease.check()
+            self._lease.confirm()
 
     def delete(self, step: int) -> None:
         """Remove the manifest (the step is gone for readers), then every object of the step. With the
@@ -200,7 +193,7 @@ class FsspecStore(Store):
         self.check_lease()
         name = step_name(step)
         with contextlib.suppress(FileNotFoundError):
-            self._call(lambda: self.fs.rm_file(self.path(name, MANIFEST_NAME)), f"deleting step {step}")
+            self._call(f"deleting step {step}", "rm_file", self.path(name, MANIFEST_NAME))
         faults.reached("after_unlink_manifest")
         self._remove([key for key in self._objects() if key.startswith(name + "/")])
 
@@ -236,7 +229,7 @@ class FsspecStore(Store):
     def _remove(self, keys: list[str]) -> None:
         for i, key in enumerate(keys):
             with contextlib.suppress(FileNotFoundError):
-                self._call(functools.partial(self.fs.rm_file, self.path(key)), f"removing {key}")
+                self._call(f"removing {key}", "rm_file", self.path(key))
             if i == 0:
                 faults.reached("mid_delete")
 
@@ -248,7 +241,7 @@ class FsspecStore(Store):
         name = step_name(step)
         self.fs.invalidate_cache(self.root)
         try:
-            sizes = self._call(lambda: self.fs.du(self.path(name), total=False), f"sizing step {step}")
+            sizes = self._call(f"sizing step {step}", "du", self.path(name), total=False)
         except FileNotFoundError:
             return 0
         return int(sum(sizes.values()))
@@ -318,11 +311,10 @@ class _ObjectFile(StoredFile):
             pos += len(part)
 
     def _fetch(self, starts: list[int], ends: list[int]) -> list[bytes]:
-        fs = self._store.fs
+        paths, nbytes = [self._path] * len(starts), sum(ends) - sum(starts)
         try:
             parts: list[bytes] = self._store._call(
-                lambda: fs.cat_ranges([self._path] * len(starts), starts, ends, on_error="raise"),
-                f"reading {self._path}",
+                f"reading {self._path}", "cat_ranges", paths, starts, ends, on_error="raise", nbytes=nbytes
             )
         except FileNotFoundError:  # damage, or (the reader finds out) a step deleted while read
             raise CorruptCheckpointError(f"{self._where}: {self._path} is missing") from None
@@ -355,7 +347,7 @@ class _ObjectStep(StoredStep):
         path = self.store.path(self._name, MANIFEST_NAME)
         self.store.fs.invalidate_cache(path)
         try:
-            info = self.store._call(lambda: self.store.fs.info(path), f"opening step {self.step}")
+            info = self.store._call(f"opening step {self.step}", "info", path)
         except FileNotFoundError:
             return None
         return str(
@@ -366,7 +358,7 @@ class _ObjectStep(StoredStep):
         path = self.store.path(self._name, MANIFEST_NAME)
         try:
             data: bytes = self.store._call(
-                lambda: self.store.fs.cat_file(path, start=0, end=limit), f"reading step {self.step}"
+                f"reading step {self.step}", "cat_file", path, start=0, end=limit, nbytes=limit
             )
         except FileNotFoundError:
             raise CorruptCheckpointError(f"{self.where}: manifest.json is missing") from None
@@ -379,9 +371,7 @@ class _ObjectStep(StoredStep):
             folder = self.store.path(self._name)
             self.store.fs.invalidate_cache(folder)
             try:
-                found = self.store._call(
-                    lambda: self.store.fs.find(folder, detail=True), f"listing step {self.step}"
-                )
+                found = self.store._call(f"listing step {self.step}", "find", folder, detail=True)
             except FileNotFoundError:
                 found = {}
             prefix = folder.rstrip("/") + "/"
@@ -397,9 +387,7 @@ class _ObjectStep(StoredStep):
         size = self._listed_size(name)
         if size is None:  # not listed: ask for it by name (a store whose listing lags)
             try:
-                info = self.store._call(
-                    lambda: self.store.fs.info(path), f"opening {name} of step {self.step}"
-                )
+                info = self.store._call(f"opening {name} of step {self.step}", "info", path)
             except FileNotFoundError:
                 raise CorruptCheckpointError(f"{self.where}: data file {name} is missing") from None
             if info.get("type", "file") != "file":
@@ -451,7 +439,7 @@ class _ObjectDraft(Draft):
         try:
             committed = step in store.steps()
             if not committed:
-                store._call(lambda: store.fs.makedirs(folder, exist_ok=True), f"starting step {step}")
+                store._call(f"starting step {step}", "makedirs", folder, exist_ok=True)
         except StorageError as exc:
             raise self._not_committed(exc) from exc
         if committed:
@@ -500,7 +488,6 @@ class _ObjectDraft(Draft):
         self._uploads.append(self._pool.submit(self._put, path, data))
 
     def _put(self, path: str, data: memoryview) -> None:
-        fs = self._store.fs
         body: Any
         options: dict[str, Any] = {}
         if isinstance(data.obj, bytearray):
@@ -510,7 +497,7 @@ class _ObjectDraft(Draft):
             options = {"chunksize": PART_BYTES, "max_concurrency": PARTS_IN_FLIGHT}
         else:
             body = bytes(data)  # fsspec backends take bytes
-        self._store._call(lambda: fs.pipe_file(path, body, **options), f"uploading {path}")
+        self._store._call(f"uploading {path}", "pipe_file", path, body, nbytes=len(data), **options)
         with self._uploaded:
             faults.reached("mid_upload")
 
@@ -538,9 +525,13 @@ class _ObjectDraft(Draft):
         self.persist()
         try:
             self._store.check_lease()
+        except StorageError as exc:  # the store did not answer: nothing was committed
+            self.abort()
+            raise self._not_committed(exc) from exc
         except BaseException:
             self.abort()  # (removes nothing: the shards are leftovers for the writer that took over)
             raise
+        faults.reached("after_lease_check")  # the manifest's upload comes next
         try:
             self._put_manifest(manifest)
         except Exception as exc:
@@ -567,9 +558,9 @@ class _ObjectDraft(Draft):
         """Whether the step's manifest in the store is ``manifest`` (None: the store cannot say).
         Reads one byte more than ``manifest`` at most: whatever stands there, memory stays bounded."""
         path = self._store.path(self._name, MANIFEST_NAME)
-        fs, end = self._store.fs, len(manifest) + 1
+        end = len(manifest) + 1
         try:
-            stored = self._store._call(lambda: fs.cat_file(path, start=0, end=end), f"reading {path}")
+            stored = self._store._call(f"reading {path}", "cat_file", path, start=0, end=end, nbytes=end)
         except FileNotFoundError:
             return False
         except Exception:
@@ -582,9 +573,8 @@ class _ObjectDraft(Draft):
         if not self._store.capabilities.conditional_put and fs.exists(path):
             raise FileExistsError(path)  # best effort where the store cannot create atomically
         try:
-            self._store._call(
-                lambda: fs.pipe_file(path, manifest, mode="create"), f"committing step {self.step}"
-            )
+            what = f"committing step {self.step}"
+            self._store._call(what, "pipe_file", path, manifest, mode="create", nbytes=len(manifest))
         except FileExistsError:
             raise CheckpointExistsError(
                 f"step {self.step} was committed in {self._store.location} by another writer while this "

@@ -116,26 +116,44 @@ def is_transient(exc: BaseException) -> bool:
 def with_retries(op: Callable[[], _T], what: str, attempts: int = ATTEMPTS) -> _T:
     """``op()``, tried up to ``attempts`` times in all while it fails transiently.
 
-    FileNotFoundError and FileExistsError pass through (callers give them meaning); any other
-    failure becomes a StorageError naming ``what`` (the operation and where: the caller puts the
-    store's location and endpoint in it).
+    FileNotFoundError and FileExistsError pass through (callers give them meaning), unless raised
+    from a network error: fsspec's HTTP file system says "not found" for a refused connection, and
+    crashsafe said the location "does not exist". Any other failure becomes a StorageError naming
+    ``what`` (the operation and where: the caller puts the store's location and endpoint in it).
     """
     for attempt in range(attempts):
         try:
             return op()
-        except (FileNotFoundError, FileExistsError, CrashsafeError):
+        except (FileExistsError, CrashsafeError):
             raise
+        except FileNotFoundError as exc:
+            if exc.__cause__ is None or not is_transient(exc.__cause__):
+                raise
+            failure: Exception = exc.__cause__ if isinstance(exc.__cause__, Exception) else exc
         except Exception as exc:
-            transient = is_transient(exc)
-            if transient and attempt < attempts - 1:
-                time.sleep(min(_MAX_DELAY, _FIRST_DELAY * 2**attempt) * random.uniform(0.5, 1.0))
-                continue
-            if transient:
-                times = "once" if attempts == 1 else f"{attempts} times"
-                raise StorageError(
-                    f"{what} failed {times} ({type(exc).__name__}: {exc}): the store does not answer, "
-                    "cannot be reached or is overloaded. Try again later; its time-outs and attempts "
-                    "are set in storage_options (docs/storage.md)"
-                ) from exc
-            raise StorageError(f"{what} failed: {type(exc).__name__}: {exc}") from exc
+            failure = exc
+        transient = is_transient(failure)
+        if transient and attempt < attempts - 1:
+            time.sleep(min(_MAX_DELAY, _FIRST_DELAY * 2**attempt) * random.uniform(0.5, 1.0))
+            continue
+        if transient:
+            times = "once" if attempts == 1 else f"{attempts} times"
+            raise StorageError(
+                f"{what} failed {times} ({type(failure).__name__}: {failure}): {_why(failure)}. Try again "
+                "later; its time-outs and attempts are set in storage_options (docs/storage.md)"
+            ) from failure
+        raise StorageError(f"{what} failed: {type(failure).__name__}: {failure}") from failure
     raise AssertionError("unreachable")
+
+
+def _why(exc: BaseException) -> str:
+    """What a transient failure says of the store, for its message (botocore raises its own error
+    while handling aiohttp's, which was raised from the refusal: both links are followed)."""
+    seen: BaseException | None = exc
+    for _ in range(_CAUSES):
+        if seen is None or isinstance(seen, ConnectionRefusedError):
+            break
+        seen = seen.__cause__ or seen.__context__
+    if isinstance(seen, ConnectionRefusedError):
+        return "the endpoint refused the connection (nothing listens at that host and port, or a firewall)"
+    return "the store does not answer, cannot be reached or is overloaded"
