@@ -46,6 +46,10 @@ class Catalog:
     def delete(self, steps: Collection[int]) -> None:
         """Delete ``steps`` (dependants before their bases), and forget them."""
         delete_steps(self.store, steps)
+        self.forget(steps)
+
+    def forget(self, steps: Iterable[int]) -> None:
+        """Drop what is known of ``steps`` (deleted, or saved anew)."""
         for step in steps:
             self.bases.pop(step, None)
             self.facts.pop(step, None)

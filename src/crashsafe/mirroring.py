@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 
 from crashsafe._log import logger, warn
-from crashsafe.chain import doomed_steps, protected_steps
+from crashsafe.catalog import Catalog
 from crashsafe.errors import (
     CorruptCheckpointError,
     CrashsafeError,
@@ -34,12 +34,12 @@ from crashsafe.errors import (
     StorageError,
 )
 from crashsafe.format.manifest import Manifest, PayloadEntry
-from crashsafe.policies.keep import KeepPolicy, StepFacts
+from crashsafe.policies.keep import KeepPolicy
 from crashsafe.storage.background import lower_thread_priority
 from crashsafe.storage.base import Lock, Store
 from crashsafe.storage.reader import StepReader, read_manifest
 from crashsafe.storage.retry import is_transient
-from crashsafe.storage.writer import StepWriter, delete_steps
+from crashsafe.storage.writer import StepWriter
 
 __all__ = ["Mirror", "copy_step"]
 
@@ -88,8 +88,9 @@ class Mirror:
     """Copies steps from ``local`` to the mirror in a background thread; owns the mirror's lock.
     ``open_remote(create)`` opens the mirror: at once, or (it does not answer) in the background."""
 
-    def __init__(self, local: Store, open_remote: Callable[[bool], Store], keep: KeepPolicy | None) -> None:
-        self.local, self.keep, self._open_remote = local, keep, open_remote
+    def __init__(self, local: Catalog, open_remote: Callable[[bool], Store], keep: KeepPolicy | None) -> None:
+        self.local, self.keep, self._open_remote = local.store, keep, open_remote
+        self._local = local  # the manager's catalog of its store: what unmirrored steps need
         self._lock: Lock | None = None  # the mirror's lease, once connected
         remote: Store | None = None
         try:
@@ -109,11 +110,10 @@ class Mirror:
             warn(message, MirrorWarning)
             logger().warning("%s", message)
         self._target = self.remote  # where the mirror thread copies to (remote.background() once it runs)
-        self._bases: dict[int, frozenset[int]] = {}
-        self._facts: dict[int, StepFacts] = {}  # the mirror's steps' commit times and metrics (cache)
+        self._catalog = Catalog(self._target)  # the mirror's steps' bases and facts, and its deletions
         # every local step until the mirror thread finds the very save there: a step of a previous
         # run may be unmirrored, or saved again (after a rewind) while the mirror holds an older save
-        self._pending = set(local.steps())
+        self._pending = set(self.local.steps())
         self._errors: list[str] = []
         self._failed_round: set[int] = set()  # failed since the last save; retried at the next
         self._busy = False
@@ -132,7 +132,7 @@ class Mirror:
         """Local steps that must stay until mirrored: the pending ones and every base they need."""
         with self._cond:
             pending = frozenset(self._pending)
-        return pending | protected_steps(self.local, pending)
+        return pending | self._local.needed(pending)
 
     def report(self) -> None:
         """Warn (in the caller's thread) about what went wrong since the last report."""
@@ -175,7 +175,7 @@ class Mirror:
 
     def _background(self) -> None:
         try:
-            self._target = self.remote.background()  # its I/O threads start here: as nice as this one
+            self._target = self._catalog.store = self.remote.background()  # its I/O threads start here
         except (CrashsafeError, OSError) as exc:
             where = self.remote.location
             self._note(f"opening {where} for background uploads failed: {exc}; the writer's client uploads")
@@ -240,7 +240,7 @@ class Mirror:
                 there = False
             if not there:
                 copy_step(self.local, self._target, step)  # verified after upload
-                self._forget([step])  # a step saved again after a deletion: facts anew
+                self._catalog.forget([step])  # a step saved again after a deletion: facts anew
         except (CrashsafeError, OSError) as exc:
             if not (isinstance(exc, NoCheckpointError) and self._gone(step)):
                 self._failed(step, f"mirroring step {step} to {self.remote.location} failed: {exc}")
@@ -290,26 +290,18 @@ class Mirror:
             f"the mirror's copy of step {step} in {self.remote.location} is damaged ({problem}); "
             "it is replaced by the local copy, which stays until the new upload is verified"
         )
-        delete_steps(self._target, [step])
-        self._forget([step])
+        self._catalog.delete([step])
 
     def _drop_stale(self, step: int) -> None:
         """Delete the mirror's older save of ``step``, unless a mirrored step needs it as a delta base."""
         others = set(self._target.steps()) - {step}
-        if step in protected_steps(self._target, others, self._bases):
+        if step in self._catalog.needed(others):
             raise CrashsafeError(
                 f"the mirror's step {step} is an older save than the local one, and mirrored steps "
                 "need it as a delta base: the local step is not mirrored. Delete the mirror's later "
                 "steps (crashsafe gc on the mirror) to let it through"
             )
-        delete_steps(self._target, [step])
-        self._forget([step])
-
-    def _forget(self, steps: list[int]) -> None:
-        """Drop what the caches know of steps deleted or replaced in the mirror."""
-        for step in steps:
-            self._bases.pop(step, None)
-            self._facts.pop(step, None)
+        self._catalog.delete([step])
 
     def _prune(self) -> None:
         assert self._lock is not None  # (connected)
@@ -318,10 +310,7 @@ class Mirror:
         except CrashsafeError:
             return  # no lease, no deletion: each step's failure said why
         try:
-            target = self._target
-            doomed = doomed_steps(target, self.keep, self._bases, facts=self._facts)
-            delete_steps(target, doomed)
-            self._forget(doomed)
+            self._catalog.retain(self.keep)
         except (CrashsafeError, OSError) as exc:
             where = self.remote.location
             self._note(f"applying retention in {where} failed: {exc}; it is applied again after an upload")

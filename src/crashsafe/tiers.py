@@ -58,7 +58,7 @@ class Tiers:
         self.store.remove_leftovers(self.store.leftovers())
         mirror = self.mirror
         if mirror is not None:  # (one that does not answer now is connected in the background)
-            self._mirror = Mirror(self.store, lambda create: self.open(mirror, create), self.mirror_keep)
+            self._mirror = Mirror(self.catalog, lambda create: self.open(mirror, create), self.mirror_keep)
 
     def check(self, doing: str) -> None:
         """Refuse to go on if the location was deleted or replaced under this writer, or its lock
