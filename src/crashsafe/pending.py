@@ -1,9 +1,10 @@
-"""The save in flight: at most one, persisted on a background thread (or in the caller, for saves
-that write before they return), its error raised at the next call and its measured cost kept.
+"""Work in flight on one background thread: a manager's save (at most one, its error raised at the
+next call and its measured cost kept), and the Lightning plugin's saves and removals.
 
-The manager hands each save's persist function here and asks for it to end before anything that
-must see the step committed (the next save, a read, retention, close). The background thread is
-made when the first save arrives, so a manager that never saves starts none.
+:class:`Background` runs work in order on one thread, made when the first work arrives (a manager
+that never saves starts none), and tells whether work waits behind the one running (the plugin
+deletes only when nothing does). :class:`PendingSave` is a manager's save on it, or in the caller
+for saves that write before they return.
 """
 
 from __future__ import annotations
@@ -12,21 +13,70 @@ import dataclasses
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, TypeVar
 
 from crashsafe.errors import CrashsafeError, SaveFailedError
 from crashsafe.saving import SaveStats
 
-__all__ = ["PendingSave"]
+__all__ = ["Background", "PendingSave"]
+
+_T = TypeVar("_T")
+
+
+class Background:
+    """Work run in order on one thread named ``name``; finished work's errors are collected."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._executor: ThreadPoolExecutor | None = None
+        self._futures: list[Future[Any]] = []
+        self._submitted = self._started = 0
+
+    def submit(self, work: Callable[[], _T]) -> Future[_T]:
+        """Run ``work`` after the work before it."""
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix=self._name)
+
+        def run() -> _T:
+            self._started += 1
+            return work()
+
+        self._submitted += 1
+        future = self._executor.submit(run)
+        self._futures.append(future)
+        return future
+
+    @property
+    def running(self) -> bool:
+        """Whether the thread is there (it is made at the first work, and gone after :meth:`close`)."""
+        return self._executor is not None
+
+    @property
+    def waiting(self) -> bool:
+        """Whether work waits behind the work running now."""
+        return self._submitted > self._started
+
+    def finished(self, *, wait: bool) -> list[BaseException]:
+        """Forget the finished work (with ``wait``: all of it, once it finished); its errors, in order."""
+        done = list(self._futures) if wait else [f for f in self._futures if f.done()]
+        self._futures = [f for f in self._futures if f not in done]
+        return [exc for f in done if (exc := f.exception()) is not None]
+
+    def close(self) -> None:
+        """Stop the thread, after the work it was given."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
 
 
 class PendingSave:
-    """One save at a time, in the background when ``background``; :attr:`stats` holds the cost of
-    each one that committed, oldest first."""
+    """One save at a time, on a :class:`Background` thread when ``background``; :attr:`stats` holds
+    the cost of each one that committed, oldest first."""
 
     def __init__(self, background: bool) -> None:
         self.background = background
         self.stats: list[SaveStats] = []
-        self._executor: ThreadPoolExecutor | None = None
+        self._thread = Background("crashsafe-persist")
         self._future: Future[SaveStats] | None = None
         self._step: int | None = None
 
@@ -38,9 +88,7 @@ class PendingSave:
             blocked = time.perf_counter() - began
             self.stats.append(dataclasses.replace(stats, stall=blocked))
             return blocked - stats.stall
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(1, thread_name_prefix="crashsafe-persist")
-        self._future, self._step = self._executor.submit(persist), step
+        self._future, self._step = self._thread.submit(persist), step
         return 0.0
 
     @property
@@ -55,6 +103,7 @@ class PendingSave:
         if future is None:
             return
         self._future = self._step = None
+        self._thread.finished(wait=True)
         try:
             self.stats.append(future.result())
         except CrashsafeError:
@@ -66,6 +115,4 @@ class PendingSave:
 
     def close(self) -> None:
         """Stop the background thread (after the save in flight ended)."""
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
-            self._executor = None
+        self._thread.close()

@@ -30,7 +30,7 @@ import secrets
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,6 +54,7 @@ from crashsafe.integrations.pointer import (
     write_pointer,
 )
 from crashsafe.manager import CheckpointManager
+from crashsafe.pending import Background
 from crashsafe.policies.base import EverySteps, SavePolicy
 from crashsafe.policies.retention import UNSET, KeepSpec, Unset
 from crashsafe.state.rng import RNGState
@@ -149,9 +150,7 @@ class CrashsafeCheckpointIO(CheckpointIO):
         self._pools = [StagingPool(clones=False) for _ in range(in_flight)]  # copies land in save_checkpoint
         self._using: list[Future[None] | None] = [None] * in_flight  # the save each pool is staging
         self._saves = 0
-        self._executor: ThreadPoolExecutor | None = None
-        self._pending: list[Future[None]] = []
-        self._submitted = self._started = 0  # work handed to the writer thread / begun there
+        self._writer = Background("crashsafe-lightning")  # saves and removals, in order
         self._timings: deque[tuple[str, float, float, list[float]]] = deque(maxlen=1000)
         self._ended = False  # torn down: a Trainer's run ended, so a save holds its directory no longer
 
@@ -242,7 +241,7 @@ class CrashsafeCheckpointIO(CheckpointIO):
             TorchCheckpointIO().remove_checkpoint(path)  # save_last="link"'s link, or a torch.save file
             return
         held = self._open(target.parent)
-        if self._executor is not None:
+        if self._writer.running:
             self._submit(held, lambda directory: directory.remove(target.name))
             return
         try:
@@ -267,9 +266,7 @@ class CrashsafeCheckpointIO(CheckpointIO):
             for directory in self._dirs.values():
                 directory.collect()
         finally:
-            if self._executor is not None:
-                self._executor.shutdown(wait=True)
-                self._executor = None
+            self._writer.close()
             for directory in self._dirs.values():
                 directory.mgr.close()
             self._dirs.clear()
@@ -280,19 +277,14 @@ class CrashsafeCheckpointIO(CheckpointIO):
     def _submit(self, held: CheckpointFolder, work: Callable[[CheckpointFolder], None]) -> Future[None]:
         """Run ``work`` in the writer thread; then, if no other work is queued (or the backlog is
         long), the directory's deferred removals and deletions."""
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(1, thread_name_prefix="crashsafe-lightning")
+        writer = self._writer
 
         def run() -> None:
-            self._started += 1
             work(held)
-            if self._started == self._submitted or held.backlog > _BACKLOG:
-                held.collect(busy=lambda: self._submitted > self._started and held.backlog <= _BACKLOG)
+            if not writer.waiting or held.backlog > _BACKLOG:
+                held.collect(busy=lambda: writer.waiting and held.backlog <= _BACKLOG)
 
-        self._submitted += 1
-        future = self._executor.submit(run)
-        self._pending.append(future)
-        return future
+        return writer.submit(run)
 
     def _open(self, path: Path) -> CheckpointFolder:
         """The store of ``path``, opened (and its orphans dropped) at first use, here rather than in
@@ -315,9 +307,7 @@ class CrashsafeCheckpointIO(CheckpointIO):
     def _raise_errors(self, *, done_only: bool) -> None:
         """Forget finished background work (all of it, waiting, unless ``done_only``); raise the
         first error it met."""
-        finished = [f for f in self._pending if f.done()] if done_only else self._pending
-        self._pending = [f for f in self._pending if f not in finished]
-        errors = [exc for f in finished if (exc := f.exception()) is not None]
+        errors = self._writer.finished(wait=not done_only)
         if errors:
             raise CrashsafeError(
                 f"saving a Lightning checkpoint in the background failed: {errors[0]!r}"
