@@ -36,6 +36,7 @@ class Tiers:
         self.keep, self.mirror_keep = keep, mirror_keep
         self.storage_options = dict(storage_options)
         self._anchored = {p: anchored(p) for p in (directory, mirror) if p}  # a later chdir moves nothing
+        self._where = self._anchored.get(directory, directory)  # what verify checks: the store's own steps
         self.store: Store | None = None  # a writer's store, held open for its lifetime
         self.catalog: Catalog | None = None  # a writer's: its store's committed steps
         self.closed = False
@@ -107,7 +108,7 @@ class Tiers:
         from crashsafe.verification import verify
 
         def intact(steps: list[int]) -> bool:  # any of them
-            return bool(verify(self.directory, steps=steps, storage_options=self.storage_options).intact)
+            return bool(verify(self._where, steps=steps, storage_options=self.storage_options).intact)
 
         assert self.catalog is not None
         self.catalog.make_room(step, intact, self.directory)
@@ -127,7 +128,7 @@ class Tiers:
         assert self.catalog is not None
         damaged: set[int] = set()
         if delete_damaged:
-            report = verify(self.directory, storage_options=self.storage_options)
+            report = verify(self._where, storage_options=self.storage_options)
             damaged = {r.step for r in report.damaged} - self.catalog.needed(report.intact)
             self.catalog.delete(sorted(damaged))
         return sorted(damaged | set(self.retain(None)))

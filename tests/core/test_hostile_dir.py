@@ -212,6 +212,31 @@ def test_a_writer_opened_by_a_relative_path_survives_a_chdir(
     assert not (elsewhere / "ckpt").exists()
 
 
+def test_a_writer_after_a_chdir_judges_its_own_steps_for_damage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Saving a committed step again and ``gc(delete_damaged=True)`` verify the writer's steps, and
+    verified them by the relative path it was opened with: after an ``os.chdir`` into a folder with
+    another run's ``ckpt`` an intact step 1 was judged by the other run's (missing there), deleted
+    as "damaged" and overwritten, and gc deleted the steps damaged in the other run's folder."""
+    monkeypatch.chdir(tmp_path)
+    mgr = cs.CheckpointManager("ckpt", keep_last=None, async_save=False)
+    for step in (1, 2, 3):
+        mgr.save(step, _state(step))
+    other = tmp_path / "other"
+    _run(other / "ckpt", range(2, 4))
+    data = step_dir(other / "ckpt", 2) / "data.bin"
+    data.write_bytes(b"\0" * data.stat().st_size)  # the other run's step 2 is damaged
+    monkeypatch.chdir(other)
+    with pytest.raises(cs.CheckpointExistsError, match="never overwritten"):
+        mgr.save(1, _state(100))
+    assert mgr.gc(delete_damaged=True) == []
+    mgr.close()
+    reader = cs.CheckpointManager(tmp_path / "ckpt", read_only=True)
+    assert reader.steps() == [1, 2, 3] and reader.load(1)["step"] == 1
+    assert cs.verify(tmp_path / "ckpt").ok
+
+
 def test_a_reader_follows_a_replaced_directory(tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
     _run(ckpt, range(1, 3))
