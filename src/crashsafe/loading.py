@@ -226,9 +226,10 @@ def first_intact(
     ``coord`` reads intact, from any of ``stores`` (a step's local copy before its mirror's). A
     damaged step or copy is skipped with a warning, by every rank alike: while any rank finds its
     part damaged, every rank goes on to the next older one. ``last`` tells ``read`` that nothing is
-    left to fall back to after it. A step deleted while it was read is not damage: the steps are
-    listed afresh. Another error on any rank is raised on every rank. A damaged ``step`` asked for by
-    number raises (after its other tiers' copies). None if there is no step at all."""
+    left to fall back to after it (always, for a step asked for by number: a restore verifies each of
+    its copies before it changes anything). A step deleted while it was read is not damage: the steps
+    are listed afresh. Another error on any rank is raised on every rank. A damaged ``step`` asked for
+    by number raises (after its other tiers' copies). None if there is no step at all."""
     damage: dict[tuple[int, int], str] = {}
     gone: set[tuple[int, int]] = set()
     for _ in range(READ_ATTEMPTS):
@@ -238,7 +239,7 @@ def first_intact(
             if (at, tier) in damage:
                 continue
             last = all(other in damage or other in gone for other in candidates[n + 1 :])
-            result, kind, error = _attempt(read, stores[tier], at, last)
+            result, kind, error = _attempt(read, stores[tier], at, last or step is not None)
             outcomes = coord.all_gather((kind, None if error is None else str(error)), f"reading step {at}")
             if kind == "error" and error is not None:
                 raise error

@@ -303,3 +303,27 @@ def test_a_mirror_another_writer_holds_still_fails_the_open(
             cs.CheckpointManager(tmp_path / "local", mirror=mirror, storage_options=options)
     finally:
         holder.release()
+
+
+def test_a_step_asked_for_whose_every_copy_is_damaged_leaves_the_live_state_as_it_was(tmp_path: Path) -> None:
+    """``restore(step=2)`` verifies each copy of step 2 before it writes into the live state (the step
+    that ``step=`` names has no other step to fall back to). The fallback loop shared with ``step=None``
+    wrote the damaged local copy into the live state because the mirror's copy was left, and when that
+    one was damaged too the live state was left half written."""
+    mirror = f"file://{tmp_path / 'remote'}"
+    with cs.CheckpointManager(tmp_path / "local", mirror=mirror, async_save=False) as mgr:
+        for step in (1, 2):
+            mgr.save(step, _state(step))
+        assert mgr.wait_mirror(timeout=60)
+    for root in (tmp_path / "local", tmp_path / "remote"):
+        data = next(p for p in step_dir(root, 2).iterdir() if p.name.startswith("data"))
+        raw = bytearray(data.read_bytes())
+        raw[100] ^= 0xFF
+        data.write_bytes(bytes(raw))
+    reader = cs.CheckpointManager(tmp_path / "local", mirror=mirror, read_only=True)
+    live = _state(0)
+    with pytest.warns(cs.CorruptCheckpointWarning, match="Reading step 2 from the next tier"):
+        with pytest.raises(cs.CorruptCheckpointError, match="checksum") as raised:
+            reader.restore(live, step=2)
+    assert "overwritten" not in str(raised.value)
+    _is(live, 0)
