@@ -396,5 +396,5 @@ class CheckpointManager:
         with contextlib.suppress(Exception) if exc is not None else contextlib.nullcontext():
             self.close()  # an error closing never hides the one that ended the block
 
-    def __repr__(self) -> str:
-        return f"CheckpointManager({str(self.directory)!r}, steps={self.steps()})"
+    def __repr__(self) -> str:  # never waits for a save in flight (its error is the next save's) or a rank
+        return f"CheckpointManager({str(self.directory)!r}, steps={self._tiers.listed()})"

@@ -13,6 +13,7 @@ from crashsafe._log import logger, warn
 from crashsafe.catalog import Catalog
 from crashsafe.errors import CrashsafeError, NoCheckpointError, RetentionWarning
 from crashsafe.format.manifest import Manifest
+from crashsafe.loading import listed_steps
 from crashsafe.mirroring import Mirror
 from crashsafe.policies.keep import KeepPolicy
 from crashsafe.storage.base import Lock, Store
@@ -163,6 +164,11 @@ class Tiers:
             elif self.mirror is not None:
                 stores.append(stack.enter_context(contextlib.closing(self.open(self.mirror))))
             yield stores
+
+    def listed(self) -> list[int]:
+        """The committed steps of every tier as this process lists them now, ascending."""
+        with self.reading() as stores:
+            return sorted({step for steps in listed_steps(stores) for step in steps})
 
     def close(self) -> None:
         """Let the mirror finish (then what is mirrored may go locally), release the lock and the store."""

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -117,6 +119,29 @@ def test_a_rename_that_cannot_be_made_durable_says_the_step_was_committed(
         mgr.save(3, _state(3))
         mgr.wait()
     assert cs.CheckpointManager(tmp_path, read_only=True).steps() == [1, 2, 3] and cs.verify(tmp_path).ok
+
+
+def test_a_log_line_naming_the_manager_never_takes_a_failed_saves_error(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``repr(mgr)`` lists the steps as they are now. It called ``steps()``, which waits for the save
+    in flight and raises its error: a log line ``%r`` of the manager (logging swallows a failing
+    repr) took a failed background save's error, and the next save went on as if it had committed."""
+    mgr = cs.CheckpointManager(tmp_path, keep_last=None)
+    mgr.save(1, _state(1))
+    mgr.wait()
+    faults.arm("after_fsync_data", fail=True)
+    try:
+        mgr.save(2, _state(2))
+        while not mgr._pending.done:  # the save failed in the background
+            time.sleep(0.01)
+    finally:
+        faults.arm(None, fail=True)
+    logging.getLogger("train").warning("checkpoints: %r", mgr)
+    assert "steps=[1]" in caplog.text
+    with pytest.raises(cs.StorageError, match="injected at after_fsync_data"):
+        mgr.save(3, _state(3))
+    mgr.close()
 
 
 def test_saving_a_damaged_committed_step_again_replaces_it(tmp_path: Path) -> None:

@@ -322,8 +322,8 @@ def test_a_step_asked_for_whose_every_copy_is_damaged_leaves_the_live_state_as_i
         data.write_bytes(bytes(raw))
     reader = cs.CheckpointManager(tmp_path / "local", mirror=mirror, read_only=True)
     live = _state(0)
-    with pytest.warns(cs.CorruptCheckpointWarning, match="Reading step 2 from the next tier"):
-        with pytest.raises(cs.CorruptCheckpointError, match="checksum") as raised:
-            reader.restore(live, step=2)
+    warned = pytest.warns(cs.CorruptCheckpointWarning, match="Reading step 2 from the next tier")
+    with warned, pytest.raises(cs.CorruptCheckpointError, match="checksum") as raised:
+        reader.restore(live, step=2)
     assert "overwritten" not in str(raised.value)
     _is(live, 0)
