@@ -133,13 +133,13 @@ class CheckpointManager:
                 self._tiers.open(self.directory, existing=True).close()  # it must exist
             return
         try:  # rank 0 (or one process) creates, locks and cleans; then the others open what it made
+            self._sigterm = SigtermWatch(save_on_sigterm)  # refused off the main thread: before the lock
             self._collective.agree(lambda: self._tiers.open_writer(leader=True), f"opening {self.directory}")
             if not self._collective.leader:
                 self._tiers.open_writer(leader=False)
         except BaseException:
             self.close()
             raise
-        self._sigterm = SigtermWatch(save_on_sigterm)
 
     @property
     def keep(self) -> KeepPolicy | None:
@@ -264,9 +264,9 @@ class CheckpointManager:
         if self._closed:
             raise CrashsafeError("this CheckpointManager is closed; create a new one")
         refuse_forked(self._pid, "this CheckpointManager")
-        if self.read_only or self._tiers.store is None:
-            raise CrashsafeError(f"{self.directory} was opened read_only; open it without it to save")
-        return self._tiers.store
+        if not self.read_only and (store := self._tiers.store) is not None:
+            return store
+        raise CrashsafeError(f"{self.directory} was opened read_only; open it without read_only=True to save")
 
     def steps(self) -> list[int]:
         """Committed steps, ascending (of either tier, with a mirror)."""

@@ -6,6 +6,7 @@ import logging
 import os
 import shutil
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -198,10 +199,30 @@ def test_second_writer_gets_locked_error_but_readers_work(tmp_path: Path) -> Non
             cs.CheckpointManager(tmp_path)
         reader = cs.CheckpointManager(tmp_path, read_only=True)
         assert reader.load()["step"] == 1
-        with pytest.raises(cs.CrashsafeError, match="read_only"):
+        with pytest.raises(cs.CrashsafeError, match="open it without read_only=True to save"):
             reader.save(2, _state(2))
         assert cs.verify(tmp_path).ok
     cs.CheckpointManager(tmp_path).close()  # released on close
+
+
+def test_a_manager_that_fails_to_open_releases_what_it_took(tmp_path: Path) -> None:
+    """``save_on_sigterm=True`` is refused off the main thread. That check came after the directory
+    was locked, and the half-made manager was never closed: the directory stayed locked by this
+    process until it exited."""
+    refused: list[BaseException] = []
+
+    def open_in_a_thread() -> None:
+        try:
+            cs.CheckpointManager(tmp_path, save_on_sigterm=True)
+        except cs.CrashsafeError as exc:
+            refused.append(exc)
+
+    thread = threading.Thread(target=open_in_a_thread)
+    thread.start()
+    thread.join()
+    assert len(refused) == 1 and "main thread" in str(refused[0])
+    with cs.CheckpointManager(tmp_path) as mgr:  # not LockedError naming this very process
+        mgr.save(1, _state(1))
 
 
 def test_lock_held_by_another_process_is_reported(tmp_path: Path) -> None:
