@@ -325,9 +325,9 @@ class CheckpointManager:
         began, picked = time.perf_counter(), pick_step(step, metric, mode, self.best_step)
 
         def load(stores: list[Store]) -> tuple[int, dict[str, Any]] | None:
+            rank = self._collective.reader_rank  # (a rank maps its own part, falling back with the others)
             if mmap:
-                return map_step(stores, picked)
-            rank = self._collective.reader_rank
+                return map_step(stores, picked, rank, self._collective.coord)
             read = lambda store, at, last: read_state(store, at, numpy, rank, None, device)  # noqa: E731
             return first_intact(stores, picked, read, self._collective.coord)
 

@@ -21,6 +21,7 @@ import xxhash
 from crashsafe.chain import ChainReader
 from crashsafe.codecs.raw import Raw
 from crashsafe.codecs.registry import get_codec
+from crashsafe.distributed.group import SOLO, Coordination
 from crashsafe.distributed.trees import plain_tree
 from crashsafe.errors import CodecError, CorruptCheckpointError, CrashsafeError
 from crashsafe.format.dtypes import storage_dtype
@@ -34,16 +35,19 @@ from crashsafe.storage.local import LocalStore
 __all__ = ["map_state", "map_step"]
 
 
-def map_step(stores: Sequence[Store], step: int | None) -> tuple[int, dict[str, Any]] | None:
+def map_step(
+    stores: Sequence[Store], step: int | None, rank: int | None = None, coord: Coordination = SOLO
+) -> tuple[int, dict[str, Any]] | None:
     """(step, :func:`map_state`) of ``step`` (in the first store that holds it), or of the newest
-    step that maps intact; None if there is no step at all."""
-    if step is not None:
-        return step, map_state(holding(stores, step), step)
-    return first_intact(stores, None, lambda store, at, last: map_state(store, at))
+    step that maps intact, for every process of ``coord`` alike; None if there is no step at all."""
+    if step is not None and len(stores) > 1:
+        stores = [holding(stores, step)]
+    return first_intact(stores, step, lambda store, at, last: map_state(store, at, rank), coord)
 
 
-def map_state(store: Store, step: int) -> dict[str, Any]:
-    """The state saved as ``step``, its raw payloads as read-only numpy views of the mapped files."""
+def map_state(store: Store, step: int, rank: int | None = None) -> dict[str, Any]:
+    """The state ``rank`` saved as ``step`` (as :func:`~crashsafe.loading.read_state` picks its tree),
+    its raw payloads as read-only numpy views of the mapped files."""
     if not isinstance(store, LocalStore):
         raise CrashsafeError(
             f"load(mmap=True) maps the files of a local checkpoint directory; {store.location} is not one. "
@@ -52,7 +56,7 @@ def map_state(store: Store, step: int) -> dict[str, Any]:
     try:
         with ChainReader(store) as chains:
             manifest = chains.manifest(step)  # validated; the data files have the sizes it says
-            tree = plain_tree(manifest)
+            tree = plain_tree(manifest) if rank is None else manifest.tree_of(rank)
             maps: dict[str, mmap.mmap] = {}
             values: list[Any] = [None] * len(manifest.payloads)
             for i in sorted(array_ids(tree)):

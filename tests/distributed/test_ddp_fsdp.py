@@ -163,13 +163,15 @@ def test_a_tensor_that_differs_between_ranks_is_kept_for_each(tmp_path: Path, la
     own values is written by each rank and each restores its own (DCP keeps rank 0's for all:
     bench/distributed/replicas.py); one every rank holds alike is written once. So at every save:
     the first, one whose arrays changed, one after a rank forgot what the ranks held, a steady one.
-    A save of a committed step planned in the background is refused there, on every rank."""
+    A save of a committed step planned in the background is refused there, on every rank. A load with
+    mmap=True maps each rank's own part (it mapped rank 0's for every rank, with a warning)."""
     ranks = launch("differing.py", 2, tmp_path / "ckpt")
     out = [[json.loads(line) for line in proc.stdout] for proc, _ in ranks.procs if proc.stdout is not None]
     assert ranks.wait() == [0, 0]
     assert [lines[0] for lines in out] == [{"refused": True}] * 2  # found in the background, on every rank
     restored = [lines[1] for lines in out]
     assert restored == [{"mine": 4.0, "same": 4.0, "extra": 7.0}, {"mine": 8.0, "same": 4.0, "extra": 7.0}]
+    assert [lines[2] for lines in out] == restored  # load(mmap=True) gave rank 1 rank 0's 'mine'
     reader = cs.CheckpointManager(tmp_path / "ckpt", read_only=True)
     for step in (1, 2, 3, 4):
         paths = sorted(p.path for p in reader.manifest(step).payloads)

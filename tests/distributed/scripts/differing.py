@@ -3,7 +3,7 @@
 Usage: differing.py DIR. Four saves: the second adds a tensor (the ranks plan anew), rank 1 then
 forgets what the ranks held (as after a failed plan), the fourth is a steady save; then a save of
 a step already committed, refused on every rank (JSON: refused). Each rank prints the first value of
-each tensor it restored (JSON).
+each tensor it restored (JSON), then of each it loaded with mmap=True.
 """
 
 import json
@@ -36,7 +36,9 @@ def main() -> None:
             print(json.dumps({"refused": "already committed" in str(exc)}), flush=True)
         back = {"mine": torch.zeros(1024), "same": torch.zeros(1024), "extra": torch.zeros(1024)}
         mgr.restore(back)
+        mapped = mgr.load(mmap=True)  # each rank's own part, as views of the mapped files
     print(json.dumps({k: v[0].item() for k, v in back.items()}), flush=True)
+    print(json.dumps({k: float(v[0]) for k, v in mapped.items()}), flush=True)
     leave()
 
 
