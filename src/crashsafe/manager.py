@@ -378,14 +378,12 @@ class CheckpointManager:
                 self._wait_pending()
         finally:
             self._closed = True
-            self._pending.close()
-            self._collective.close()
-            if self._pool is not None:
-                self._pool.clear()
-            try:
-                self._tiers.close()
-            finally:
-                self._sigterm.close()
+            with contextlib.ExitStack() as parts:  # each closes, last pushed first, if another raises
+                parts.callback(self._sigterm.close)
+                parts.callback(self._tiers.close)  # the mirror, the lock, the store
+                parts.callback(self._pool.clear if self._pool is not None else lambda: None)
+                parts.callback(self._collective.close)
+                parts.callback(self._pending.close)
 
     def __enter__(self) -> CheckpointManager:
         return self

@@ -385,3 +385,19 @@ def test_leftovers_of_torn_saves_are_ignored_and_cleaned(tmp_path: Path) -> None
     assert cs.verify(tmp_path).leftovers == [torn.name]
     cs.CheckpointManager(tmp_path).close()
     assert not torn.exists()
+
+
+def test_a_part_that_fails_to_close_still_releases_the_directory(tmp_path: Path) -> None:
+    """close() closes every part even if one raises: the lock goes, and a new writer may open."""
+    mgr = cs.CheckpointManager(tmp_path)
+    mgr.save(1, {"x": np.arange(4)})
+
+    def broken() -> None:
+        raise OSError("staging could not be freed")
+
+    assert mgr._pool is not None
+    mgr._pool.clear = broken  # type: ignore[method-assign]
+    with pytest.raises(OSError, match="could not be freed"):
+        mgr.close()
+    with cs.CheckpointManager(tmp_path) as again:  # the lock was released
+        assert again.steps() == [1]
