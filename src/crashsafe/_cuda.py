@@ -31,6 +31,7 @@ __all__ = [
     "pinned_buffer",
     "pinned_size",
     "synchronize",
+    "upload_stream",
 ]
 
 CHUNK = 16 << 20  # bytes a bounce buffer carries host-to-device at a time
@@ -41,6 +42,18 @@ _STREAMS: dict[int, Any] = {}  # device index -> its copy stream
 _RINGS: list[_Ring] = []  # bounce-buffer rings not in use, reused across restores
 _LOCK = threading.Lock()
 _UPLOADS = threading.local()  # per thread: device index -> its upload stream
+
+
+def _forget_in_child() -> None:
+    """In a forked child: the parent's streams and buffers are not the child's (CUDA itself refuses a
+    forked child), and a parent thread may have held the lock at the fork: take a fresh one."""
+    global _LOCK
+    _LOCK = threading.Lock()
+    _STREAMS.clear()
+    _RINGS.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def _torch() -> Any:
