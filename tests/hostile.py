@@ -3,6 +3,7 @@ never touch, and a call that must not block."""
 
 from __future__ import annotations
 
+import subprocess
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -43,3 +44,12 @@ def within(seconds: float, fn: Callable[[], Any]) -> Any:
     if error:
         raise error[0]
     return result[0]
+
+
+def stop(process: subprocess.Popen[str] | subprocess.Popen[bytes]) -> None:
+    """Kill a helper process a test started and close its pipes."""
+    process.kill()
+    process.wait()
+    for pipe in (process.stdout, process.stderr):
+        if pipe is not None:
+            pipe.close()

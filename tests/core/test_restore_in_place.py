@@ -27,6 +27,8 @@ import crashsafe as cs
 from crashsafe.chain import ChainReader
 from crashsafe.codecs import LC, Incremental
 
+from ..hostile import stop
+
 CODECS: dict[str, Any] = {"raw": "raw", "zstd": "zstd", "incremental": Incremental(), "lc": LC()}
 
 
@@ -340,11 +342,7 @@ def test_restores_racing_a_deleting_writer_end_whole_or_untouched(tmp_path: Path
                 steps.add(restored)
         assert len(steps) > 20  # it really raced many of the writer's steps
     finally:
-        writer.kill()
-        writer.wait()
-        for pipe in (writer.stdout, writer.stderr):
-            if pipe is not None:
-                pipe.close()
+        stop(writer)
         shutil.rmtree(directory)
 
 

@@ -29,6 +29,7 @@ from crashsafe.storage.layout import committed_steps, step_dir
 from crashsafe.storage.local import LocalStore
 from crashsafe.storage.writer import StepWriter
 
+from ..hostile import stop
 from .conftest import child_env
 
 INCREMENTAL = cs.codecs.Incremental(full_every=4)
@@ -201,11 +202,7 @@ def test_a_reader_racing_a_deleting_writer_always_gets_a_whole_step(
                 steps.add(state["step"])
         assert loads > 100 and len(steps) > 20  # it really raced many of the writer's steps
     finally:
-        writer.kill()
-        writer.wait()
-        for pipe in (writer.stdout, writer.stderr):
-            if pipe is not None:
-                pipe.close()
+        stop(writer)
         shutil.rmtree(directory)
 
 

@@ -19,7 +19,11 @@ from crashsafe.errors import CorruptCheckpointWarning
 
 pytestmark = [
     pytest.mark.cuda,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+    pytest.mark.skipif(
+        not torch.cuda.is_available(),
+        reason="needs a CUDA device (CI has none): run `bash tests/gpu/run.sh` on a GPU machine; "
+        "tests/core/test_device_staging.py checks the same ordering on the CPU",
+    ),
 ]
 
 BIG = 64 << 20  # elements: a 256 MiB fp32 tensor takes milliseconds to copy, so a race would show

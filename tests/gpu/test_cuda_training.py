@@ -22,7 +22,11 @@ import crashsafe as cs
 
 pytestmark = [
     pytest.mark.cuda,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+    pytest.mark.skipif(
+        not torch.cuda.is_available(),
+        reason="needs a CUDA device (CI has none): run `bash tests/gpu/run.sh` on a GPU machine; "
+        "tests/core/test_device_staging.py checks the same ordering on the CPU",
+    ),
 ]
 
 SCRIPT = Path(__file__).parent / "scripts" / "cuda_train.py"

@@ -75,7 +75,10 @@ def test_a_writer_in_another_pid_namespace_waits_for_a_live_lease(
     """A real `unshare --pid` writer of the same hostname: the holder's pid is no process there.
     It took the lease at once; now it watches the lease, sees it renewed, and is refused."""
     if not _unshare_works():
-        pytest.skip("unshare --pid is not permitted here (the simulated cases below still run)")
+        pytest.skip(
+            "needs `unshare --pid` (root or unprivileged user namespaces), which this machine refuses; "
+            "the simulated-namespace cases in this file still run"
+        )
     url = f"s3://{bucket}/run"
     holder = FsspecStore(url, options, lease_seconds=2.0).lock()
     try:
@@ -115,7 +118,10 @@ def test_a_lease_of_a_dead_process_of_this_namespace_and_boot_is_taken_at_once(
 ) -> None:
     """A job restarted on its machine after a SIGKILL does not wait out its own dead lease."""
     if not _here():
-        pytest.skip("no boot id or PID namespace to compare on this system: every lease is waited out")
+        pytest.skip(
+            "needs Linux's /proc boot id and PID namespace, absent here: without them every lease "
+            "is waited out, so there is no immediate takeover to test"
+        )
     url = f"s3://{bucket}/run"
     _lease(s3fs.S3FileSystem(**options), f"{bucket}/run/.lock", time.time() + 60, **_here())
     started = time.monotonic()
