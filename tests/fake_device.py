@@ -42,12 +42,21 @@ class _Copies:
         self.queued.append((ticket, target, source))
         return ticket
 
+    def run(self, device: Any, work: Any, keep: Any) -> int:
+        ticket, self.count = self.count, self.count + 1
+        self.queued.append((ticket, work, None))
+        return ticket
+
     def clone_of(self, source: Any) -> tuple[Any, int]:
         clone = on_device(torch.full_like(source, float("nan")) if source.is_floating_point() else source * 0)
         return clone, self.add(clone, source)
 
     def issue(self, *, ordered: bool = True) -> None:
-        self.issued += [(t, target, source.detach().clone()) for t, target, source in self.queued]
+        for _, target, _ in self.queued:  # work (fingerprints) reads the values as of now, as a copy does
+            if callable(target):
+                target()
+        copies = [(t, target, source) for t, target, source in self.queued if not callable(target)]
+        self.issued += [(t, target, source.detach().clone()) for t, target, source in copies]
         self.queued.clear()
 
     def ready(self, ticket: int) -> None:

@@ -159,6 +159,14 @@ class DeviceCopies:
         self._queued.setdefault(source.device.index, []).append((ticket, target, source))
         return ticket
 
+    def run(self, device: int, work: Callable[[], None], keep: Any) -> int:
+        """Queue ``work`` (device work reading tensors of ``device``, ``keep`` kept alive until it ran)
+        to run on the device's copy stream among the copies, ordered exactly as they are (a snapshot's
+        fingerprints, :mod:`crashsafe.state.fingerprint`); return its ticket for :meth:`ready`."""
+        ticket, self._count = self._count, self._count + 1
+        self._queued.setdefault(device, []).append((ticket, work, keep))
+        return ticket
+
     def clone_of(self, source: Any) -> tuple[Any, int]:
         """A new tensor on ``source``'s device, made on its copy stream, that :meth:`issue` fills
         with ``source``'s values (a device-to-device copy: a first save, before pinned memory
@@ -183,9 +191,12 @@ class DeviceCopies:
             issued = 0
             with torch.no_grad(), torch.cuda.stream(stream):
                 for n, (ticket, target, source) in enumerate(copies):
-                    target.copy_(source, non_blocking=True)
+                    if callable(target):  # work queued by run()
+                        target()
+                    else:
+                        target.copy_(source, non_blocking=True)
+                        issued += target.numel() * target.element_size()
                     waiting.append(ticket)
-                    issued += target.numel() * target.element_size()
                     if issued >= self.GROUP or n == len(copies) - 1:
                         event = torch.cuda.Event()
                         event.record(stream)

@@ -19,8 +19,9 @@ import numpy as np
 from crashsafe.codecs.base import BytesLike, Codec, DeltaCodec, Reference
 from crashsafe.codecs.registry import get_codec
 from crashsafe.format.dtypes import FLOAT_DTYPES
-from crashsafe.format.manifest import base_mark
+from crashsafe.format.manifest import Manifest, base_mark
 from crashsafe.state.tree import ArrayLeaf
+from crashsafe.state.unchanged import ChangeWatch
 
 __all__ = ["CodecSpec", "Encoded", "SavePlanner"]
 
@@ -49,9 +50,13 @@ class _Track:
 
 
 class SavePlanner:
-    """Encodes the arrays of successive saves; one per writer (it remembers delta chains)."""
+    """Encodes the arrays of successive saves; one per writer (it remembers delta chains, and its
+    ``watch`` what the newest committed step holds: the tensors a save need not copy)."""
 
-    def __init__(self, codec: CodecSpec = None, lossless: Sequence[str] = ()) -> None:
+    def __init__(
+        self, codec: CodecSpec = None, lossless: Sequence[str] = (), *, unchanged: bool = True
+    ) -> None:
+        self.watch = ChangeWatch(unchanged)
         self._codecs = _parse_codecs(codec)
         self._lossless = _parse_patterns(lossless)
         self._tracks: dict[str, _Track] = {}  # per delta-coded path: what its next delta is against
@@ -114,9 +119,18 @@ class SavePlanner:
         payload, reference = codec.encode_delta(array, None)
         return payload, None, _Track(codec, leaf.kind, leaf.dtype, leaf.shape, step, reference)
 
-    def committed(self, step: int, created: float) -> None:
-        """``step`` (encoded since the last call, its manifest made at ``created``) committed: its
-        reconstructions are the new bases."""
+    def referenced(self, path: str) -> None:
+        """The step being saved refers to the committed bytes of ``path`` (unchanged): its delta chain
+        goes on from where it was."""
+        track = self._tracks.get(path)
+        if track is not None:
+            self._next[path] = track
+
+    def committed(self, manifest: Manifest, rank: int | None) -> None:
+        """``manifest`` (encoded since the last call; ``rank``: this writer's, None for one process)
+        committed: its reconstructions are the new bases, and what it holds the newest state."""
+        step, created = manifest.step, manifest.created
+        self.watch.committed(manifest, rank)
         self._tracks, self._next = self._next, {}
         self._commits += 1
         self._created[step] = created
@@ -131,8 +145,9 @@ class SavePlanner:
 
     def reset(self) -> None:
         """Forget every chain (after a failed save, whose references advanced in place, or a read
-        that found damage): the next save of each path is full."""
+        that found damage): the next save of each path is full, and copies every tensor."""
         self._tracks, self._next = {}, {}
+        self.watch.forget()
 
 
 def _parse_patterns(patterns: Sequence[str]) -> tuple[str, ...]:

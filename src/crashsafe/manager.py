@@ -83,6 +83,7 @@ class CheckpointManager:
         coordination_timeout: seconds a rank waits for the others at each exchange before it
             raises CoordinationError (a rank died or hangs), never hanging.
         pinned_bytes: cap on the pinned host memory staging CUDA tensors (docs/gpu.md).
+        unchanged: False copies and writes every tensor, even one proven unchanged (docs/unchanged.md).
     """
 
     def __init__(
@@ -106,6 +107,7 @@ class CheckpointManager:
         process_group: Any = None,
         coordination_timeout: float = DEFAULT_TIMEOUT,
         pinned_bytes: int | None = None,
+        unchanged: bool = True,
     ) -> None:
         self.directory = os.fspath(directory)
         self.mirror = None if mirror is None else os.fspath(mirror)
@@ -119,7 +121,7 @@ class CheckpointManager:
         self.async_save = async_save
         self.read_only = read_only
         self.policy: SavePolicy = policy if policy is not None else EverySteps(1)
-        self._planner = SavePlanner(codec, lossless)
+        self._planner = SavePlanner(codec, lossless, unchanged=unchanged)
         self._listed: set[int] | None = None  # the steps the last background save listed, and it
         self._pool = StagingPool(pinned_bytes) if async_save else None
         self._pending = PendingSave(background=async_save)
@@ -161,7 +163,7 @@ class CheckpointManager:
         cleaned = clean_metrics(metrics)
         checked = bool(self._pending.stats)  # a save committed: the state's layout was checked in full
         replicas = self._collective.replicas
-        snapshot, planned = take_snapshot(state, store, self._pool, replicas, checked=checked)
+        snapshot, planned = take_snapshot(state, store, self._pool, replicas, self._planner.watch, checked)
         known = self._listed is None or step in self._listed  # else new: this writer holds the lock
         if self._collective.committed(store, step, planned, known):
             self._replace_damaged(step)

@@ -13,15 +13,16 @@ from typing import Any
 import numpy as np
 
 from crashsafe._cuda import is_cuda
-from crashsafe.distributed.saving import PLAN_LATER, Listing, ReplicaPlanner
+from crashsafe.distributed.saving import PLAN_LATER, Listing, ReplicaPlanner, Staged
 from crashsafe.state.snapshot import fast_copy
 from crashsafe.state.staging import StagingPool, landed, view_bytes
 from crashsafe.state.tree import ArrayLeaf, flatten
+from crashsafe.state.unchanged import ChangeWatch, Unchanged
 from crashsafe.storage.base import Store
 
 __all__ = ["SaveStats", "Snapshot", "take_snapshot"]
 
-Snapshot = tuple[dict[str, Any], list[ArrayLeaf], Iterable[np.ndarray[Any, Any]]]  # tree, leaves, their bytes
+Snapshot = tuple[dict[str, Any], list[ArrayLeaf], Iterable[Staged]]  # tree, leaves, their bytes
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,12 @@ class SaveStats:
 
 
 def take_snapshot(
-    state: object, store: Store, pool: StagingPool | None, replicas: ReplicaPlanner, *, checked: bool
+    state: object,
+    store: Store,
+    pool: StagingPool | None,
+    replicas: ReplicaPlanner,
+    watch: ChangeWatch,
+    checked: bool,
 ) -> tuple[Callable[[], Snapshot], Listing]:
     """The state copied into ``pool`` for a background save (no pool: viewed in place, for a save
     that writes before it returns), as a function giving its snapshot; and the plan the ranks agreed
@@ -44,12 +50,14 @@ def take_snapshot(
     for one process). Once a save ``checked`` the state in full, a state whose every array this
     process writes is copied in one walk and the background thread flattens the copy: the training
     thread pays for the copy, not for the checks. CUDA tensors' copies are issued on their devices'
-    copy streams before it returns; the snapshot waits for each before its bytes are read."""
+    copy streams before it returns; the snapshot waits for each before its bytes are read. A tensor
+    ``watch`` proves unchanged since the newest committed step is not copied: the snapshot gives its
+    :class:`~crashsafe.state.unchanged.Unchanged` instead of its bytes."""
     if pool is not None and checked and not replicas.first:
-        copied = fast_copy(state, pool)  # None: a state it cannot judge, checked in full below
+        copied = fast_copy(state, pool, watch)  # None: a state it cannot judge, checked in full below
         if copied is not None:
-            box = [copied]
-            return lambda: _snapshot_of(box, pool), PLAN_LATER
+            box, unchanged = [copied], pool.unchanged
+            return lambda: _snapshot_of(box, pool, unchanged), PLAN_LATER
     tree, leaves = flatten(state)
     planned: Listing = PLAN_LATER  # every array copied; the plan is made from the copies
     staged = leaves
@@ -57,28 +65,46 @@ def take_snapshot(
         planned = replicas.plan(leaves, lambda i: view_bytes(leaves[i]), store)
         staged = [leaves[i] for i in planned.writes]
     if pool is None:
-        arrays = [view_bytes(leaf) for leaf in staged]
+        arrays = _in_place(staged, watch)
         return lambda: (tree, leaves, arrays), planned
-    copies = pool.capture(staged)
+    copies = pool.capture(staged, watch)
     return lambda: (tree, leaves, _arriving(pool, staged, copies)), planned
 
 
-def _arriving(
-    pool: StagingPool, leaves: list[ArrayLeaf], copies: list[Any]
-) -> Iterator[np.ndarray[Any, Any]]:
-    """The staged bytes of ``leaves`` in order, each once its device copy landed: the writer works
-    on the first while later ones still cross the link. The clones go as soon as they landed."""
+def _in_place(leaves: list[ArrayLeaf], watch: ChangeWatch) -> list[Any]:
+    """The leaves' bytes viewed where they are (a save that writes before it returns), each CPU
+    tensor ``watch`` proves unchanged as its Unchanged."""
+    watch.begin()
+    arrays: list[Any] = []
+    for leaf in leaves:
+        found = None
+        if leaf.kind == "torch" and not is_cuda(leaf.source):
+            found = watch.check(leaf.path, leaf.source, held=None, live=True)
+            if found is None:
+                watch.saw(leaf.path, leaf.source, buffer=None)
+        arrays.append(view_bytes(leaf) if found is None else found)
+    return arrays
+
+
+def _arriving(pool: StagingPool, leaves: list[ArrayLeaf], copies: list[Any]) -> Iterator[Staged]:
+    """The staged bytes of ``leaves`` in order (an unchanged tensor's Unchanged), each once its
+    device copy landed: the writer works on the first while later ones still cross the link. The
+    clones go as soon as they landed."""
     pool.settle(every=False)
-    copies[:] = [landed(pool, leaf, copy) for leaf, copy in zip(leaves, copies, strict=True)]
+    copies[:] = [
+        c if isinstance(c, Unchanged) else landed(pool, leaf, c)
+        for leaf, c in zip(leaves, copies, strict=True)
+    ]
     for leaf, copy in zip(leaves, copies, strict=True):
         pool.ready(leaf.path)
         yield copy
     pool.release()
 
 
-def _snapshot_of(box: list[Any], pool: StagingPool) -> Snapshot:
+def _snapshot_of(box: list[Any], pool: StagingPool, unchanged: dict[str, Unchanged]) -> Snapshot:
     """The snapshot of the copy ``fast_copy`` made (taken out of ``box``: once its clones landed,
-    nothing holds them), its arrays each given once its device copy landed."""
+    nothing holds them), its arrays each given once its device copy landed; the tensors it did not
+    copy (``unchanged``) as their Unchanged."""
     tree, leaves = flatten(box.pop(), check=False)  # the writer validates the manifest before its commit
     pool.settle(every=False)
     copies = [pool.landed(leaf.path) if is_cuda(leaf.source) else None for leaf in leaves]
@@ -89,10 +115,11 @@ def _snapshot_of(box: list[Any], pool: StagingPool) -> Snapshot:
     if pool.waiting - {leaf.path for leaf in leaves}:  # a copy no path here names: wait for them all
         pool.release()
 
-    def arrays() -> Iterator[np.ndarray[Any, Any]]:
+    def arrays() -> Iterator[Staged]:
         for leaf, copy in zip(leaves, copies, strict=True):
             pool.ready(leaf.path)
-            yield view_bytes(leaf) if copy is None else copy
+            found = unchanged.get(leaf.path)
+            yield found if found is not None else view_bytes(leaf) if copy is None else copy
         pool.release()
 
     return tree, leaves, arrays()

@@ -48,9 +48,10 @@ from crashsafe.distributed.plan import Offer, Plan, assign
 from crashsafe.encoding import SavePlanner
 from crashsafe.errors import CoordinationError, CrashsafeError
 from crashsafe.format.chunks import Chunks, hash_chunks
-from crashsafe.format.manifest import Manifest, PayloadEntry
+from crashsafe.format.manifest import Manifest, PayloadEntry, base_mark
 from crashsafe.format.tree import ARRAY_NODES
 from crashsafe.state.tree import ArrayLeaf
+from crashsafe.state.unchanged import Unchanged
 from crashsafe.storage.base import Store
 from crashsafe.storage.writer import StepWriter
 
@@ -80,6 +81,7 @@ class StepPlan(Listing):
     digests: dict[int, str | Chunks]  # array index -> its checksum, for the arrays hashed to plan
 
 
+Staged = np.ndarray[Any, Any] | Unchanged  # an array's bytes in a snapshot, or the committed bytes it equals
 PLAN_LATER = Listing(frozenset(), "")  # a save planned, listing included, in the background
 
 
@@ -195,7 +197,7 @@ def save_step(
     planned: Listing,
     tree: dict[str, Any],
     leaves: list[ArrayLeaf],
-    arrays: Iterable[np.ndarray[Any, Any]],
+    arrays: Iterable[Staged],
     metrics: dict[str, Any],
     info: dict[str, Any],
     existing: Callable[[int], None],
@@ -215,10 +217,12 @@ def save_step(
         if step in planned.committed:
             existing(step)
     committed = planned.committed - {step}  # a damaged step saved again was deleted first
-    writer, entries, problem = _write_part(coord, store, planner, step, committed, leaves, arrays, planned)
+    writer, entries, marks, problem = _write_part(
+        coord, store, planner, step, committed, leaves, arrays, planned
+    )
     sent = {i: e.to_json() for i, e in entries.items()} if coord.shared else entries  # one process: as is
     reports = coord.all_gather(
-        (problem, sent, tree, writer.files() if writer else {}, step), f"committing step {step}"
+        (problem, sent, tree, writer.files() if writer else {}, step, marks), f"committing step {step}"
     )
 
     def commit() -> Manifest:
@@ -246,27 +250,30 @@ def save_step(
         raise
     if writer is not None and not coord.leader:
         writer.close()
-    planner.committed(step, outcome.created)
+    planner.committed(outcome, coord.rank if coord.shared else None)
     return outcome, planned.committed
 
 
 class _Copies:
     """A snapshot's arrays, made a list only if the plan reads their bytes or leaves some out."""
 
-    def __init__(self, arrays: Iterable[np.ndarray[Any, Any]]) -> None:
+    def __init__(self, arrays: Iterable[Staged]) -> None:
         self._arrays = arrays
-        self._list: list[np.ndarray[Any, Any]] | None = None
+        self._list: list[Staged] | None = None
 
     def get(self, i: int) -> np.ndarray[Any, Any]:
         if self._list is None:
             self._list = list(self._arrays)
-        return self._list[i]
+        found = self._list[i]
+        return found.array if isinstance(found, Unchanged) else found  # the committed bytes it equals
 
-    def of(self, writes: list[int], count: int) -> Iterable[np.ndarray[Any, Any]]:
+    def of(self, writes: list[int], count: int) -> Iterable[Staged]:
         """The arrays at ``writes``, of ``count`` arrays in all."""
         if self._list is None and writes == list(range(count)):
             return self._arrays  # every array, in order: the writer takes each as its copy lands
-        return [self.get(i) for i in writes]
+        if self._list is None:
+            self._list = list(self._arrays)
+        return [self._list[i] for i in writes]
 
 
 def _write_part(
@@ -276,14 +283,16 @@ def _write_part(
     step: int,
     committed: frozenset[int],
     leaves: list[ArrayLeaf],
-    arrays: Iterable[np.ndarray[Any, Any]],
+    arrays: Iterable[Staged],
     planned: StepPlan,
-) -> tuple[StepWriter | None, dict[int, PayloadEntry], str | None]:
-    """Write the arrays the plan gives this rank; a failure is returned, not raised, so that the
-    other ranks hear of it at the next exchange instead of waiting for this one (one process raises
-    it as it is, after dropping its draft)."""
+) -> tuple[StepWriter | None, dict[int, PayloadEntry], dict[str, float], str | None]:
+    """Write the arrays the plan gives this rank, referring to the committed bytes of those proven
+    unchanged (with the marks of the steps referred to); a failure is returned, not raised, so that
+    the other ranks hear of it at the next exchange instead of waiting for this one (one process
+    raises it as it is, after dropping its draft)."""
     writer = None
     entries: dict[int, PayloadEntry] = {}
+    marks: dict[str, float] = {}
     failure: BaseException
     try:
         if coord.shared:
@@ -291,8 +300,16 @@ def _write_part(
         else:  # one process writes the step whole
             writer = StepWriter(store, step)
         rank = coord.rank if coord.shared else None
-        for i, array in zip(planned.writes, arrays, strict=True):
+        for i, staged in zip(planned.writes, arrays, strict=True):
             leaf = leaves[i]
+            if isinstance(staged, Unchanged):
+                entry = _reference(staged, leaf, committed, rank)
+                if entry is not None:
+                    entries[i] = entry
+                    marks[base_mark(staged.holding.step)] = staged.holding.created
+                    planner.referenced(leaf.path)
+                    continue
+            array = staged.array if isinstance(staged, Unchanged) else staged
             encoded = planner.encode(leaf, array, step, committed)
             raw = encoded.codec.codec_id == "raw"
             hashed = planned.digests.get(i) if raw else None  # the same bytes
@@ -308,16 +325,30 @@ def _write_part(
             writer.persist()
     except (CrashsafeError, OSError) as exc:
         if coord.shared:
-            return writer, entries, str(exc)
+            return writer, entries, marks, str(exc)
         failure = exc
     except BaseException as exc:
         failure = exc
     else:
-        return writer, entries, None
+        return writer, entries, marks, None
     if writer is not None:  # one process (or a failure no rank could report): nobody to tell, raised as it is
         writer.abort()
     planner.reset()  # references were advanced in place for a step that never committed
     raise failure
+
+
+def _reference(
+    unchanged: Unchanged, leaf: ArrayLeaf, committed: frozenset[int], rank: int | None
+) -> PayloadEntry | None:
+    """The entry referring to the committed bytes an unchanged array equals, if they are still
+    there and hold this very part (this rank's, of this shard), else None: its bytes are written."""
+    entry = unchanged.reference(committed, rank)
+    shard = None if leaf.shard is None else (leaf.shard.global_shape, leaf.shard.offset)
+    if entry is None or (entry.kind, entry.dtype, entry.shape, entry.shard) != (
+        leaf.kind, leaf.dtype, leaf.shape, shard
+    ):  # fmt: skip
+        return None
+    return entry
 
 
 def _global_manifest(
@@ -333,16 +364,18 @@ def _global_manifest(
     payloads: list[PayloadEntry] = []
     index: dict[tuple[int, int], int] = {}
     files: dict[str, int] = {}
-    for rank, (_, entries, _, rank_files, _) in enumerate(reports):
+    marks: dict[str, float] = {}
+    for rank, (_, entries, _, rank_files, _, rank_marks) in enumerate(reports):
+        marks.update(rank_marks)
         files.update(rank_files)
         for i, body in sorted(entries.items()):
             index[rank, i] = len(payloads)
             payloads.append(body if isinstance(body, PayloadEntry) else _entry(body))
     if len(reports) == 1 and all(index.get(k) == k[1] and writer_of[k] == k for k in writer_of):  # as it is
-        trees = [tree for _, _, tree, _, _ in reports]
+        trees = [report[2] for report in reports]
     else:
-        trees = [_renumbered(tree, rank, index, writer_of) for rank, (_, _, tree, _, _) in enumerate(reports)]
-    info = {**info, **planner.base_marks(p.base for p in payloads if p.base is not None)}
+        trees = [_renumbered(report[2], rank, index, writer_of) for rank, report in enumerate(reports)]
+    info = {**info, **planner.base_marks(p.base for p in payloads if p.base is not None), **marks}
     return Manifest(step, time.time(), trees[0], tuple(payloads), files, metrics, info, tuple(trees[1:]))
 
 
@@ -352,7 +385,7 @@ def _entry(body: dict[str, Any]) -> PayloadEntry:
         body["path"], body["kind"], body["dtype"], tuple(body["shape"]), body["file"], body["offset"],
         body["nbytes"], body["xxh3"], body["codec"], body.get("base"), body.get("rank"),
         None if shard is None else (tuple(shard["global"]), tuple(shard["offset"])),
-        None if chunks is None else Chunks(chunks["bytes"], tuple(chunks["xxh3"])),
+        None if chunks is None else Chunks(chunks["bytes"], tuple(chunks["xxh3"])), body.get("ref"),
     )  # fmt: skip
 
 

@@ -35,6 +35,7 @@ from crashsafe.state.tree import (
     numpy_dtype_name,
     stateful_class,
 )
+from crashsafe.state.unchanged import ChangeWatch
 
 __all__ = ["fast_copy"]
 
@@ -48,12 +49,13 @@ class _Unusual(Exception):
     """A value ``fast_copy`` leaves to ``detached_copy``."""
 
 
-def fast_copy(state: object, pool: StagingPool) -> Any | None:
+def fast_copy(state: object, pool: StagingPool, watch: ChangeWatch | None = None) -> Any | None:
     """``state`` as ``detached_copy`` would give it (arrays in ``pool``'s staging buffers, objects
     with ``state_dict()`` as a StatefulCopy of it), or None if it holds anything ``detached_copy`` must judge:
     an unsupported or unusual value, a path two arrays would share, tensors overlapping in memory
-    other than as one tensor saved twice."""
-    pool.begin()
+    other than as one tensor saved twice. Tensors ``watch`` proves unchanged are not copied (their
+    buffers are in the copy, but the snapshot gives ``pool.unchanged[path]`` for them)."""
+    pool.begin(watch)
     walk = _Walk(pool)
     try:
         copied = walk.value(state, "", _ROOT, 0)
@@ -73,7 +75,7 @@ class _Walk:
         self.paths: set[str] = set()
         self.tensors: dict[tuple[Any, ...], Any] = {}  # (address, dtype, shape, stride) -> its copy
         self.spans: list[tuple[Any, int, int]] = []  # (device, start, end) of each tensor's memory
-        self.copies: list[tuple[Any, Any]] = []  # (staged buffer, live tensor)
+        self.copies: list[tuple[Any, Any, str]] = []  # (staged buffer, live tensor, its path)
         torch = loaded_torch()
         self.tensor_types = (torch.Tensor, torch.nn.Parameter) if torch is not None else ()
         self.torch_shared = (torch.dtype, torch.device) if torch is not None else ()
@@ -176,7 +178,8 @@ class _Walk:
         self.paths.add(path)
         copied = self.pool.staged(path, name, same[2]) if nbytes and tensor.is_cpu else None
         if copied is not None:
-            self.copies.append((copied, tensor))  # copied at the end, all in one call
+            if not self.pool.unchanged_tensor(path, tensor):
+                self.copies.append((copied, tensor, path))  # copied at the end, all in one call
         else:
             copied = self.pool.stage(ArrayLeaf(path, "torch", name, same[2], tensor))
         self.tensors[same] = copied
@@ -188,7 +191,7 @@ class _Walk:
         queued on the pool's copy streams as they were found."""
         if not self.copies:
             return
-        targets, sources = zip(*self.copies, strict=True)
+        targets, sources, paths = zip(*self.copies, strict=True)
         torch = loaded_torch()
         assert torch is not None
         foreach = getattr(torch, "_foreach_copy_", None)
@@ -198,6 +201,8 @@ class _Walk:
             else:
                 for target, source in zip(targets, sources, strict=True):
                     target.copy_(source)
+        for path, source in zip(paths, sources, strict=True):
+            self.pool.copied(path, source)
 
     def stage(self, leaf: ArrayLeaf) -> Any:
         if leaf.path in self.paths:

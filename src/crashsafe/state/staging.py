@@ -31,6 +31,7 @@ from crashsafe.errors import CrashsafeWarning
 from crashsafe.format.dtypes import storage_dtype
 from crashsafe.state.rebuild import to_value, unflatten
 from crashsafe.state.tree import ArrayLeaf, flatten
+from crashsafe.state.unchanged import ChangeWatch, Unchanged
 
 __all__ = ["StagingPool", "detached_copy", "landed", "view_bytes"]
 
@@ -71,6 +72,8 @@ class StagingPool:
         self._clones: dict[str, tuple[ArrayLeaf, int]] = {}  # path -> the leaf (its clone), its ticket
         self._tickets: dict[str, int] = {}  # path -> the ticket of its copy into its buffer
         self._room: dict[int, int] = {}  # device -> bytes left for clones in this snapshot
+        self._watch: ChangeWatch | None = None  # this snapshot's: what it need not copy
+        self.unchanged: dict[str, Unchanged] = {}  # this snapshot's tensors it did not copy
         self._warned = False
 
     @property
@@ -86,31 +89,75 @@ class StagingPool:
         """The paths whose device copies a reader must wait for (:meth:`ready`)."""
         return set(self._tickets)
 
-    def capture(self, leaves: list[ArrayLeaf]) -> list[Any]:
+    def capture(self, leaves: list[ArrayLeaf], watch: ChangeWatch | None = None) -> list[Any]:
         """Copy every leaf into its staging buffer; return typed views of the copies (for a CUDA
-        tensor seen for the first time, its clone on the device: see :meth:`landed`). Device copies
-        are issued before it returns; their bytes are there after :meth:`settle`."""
-        self.begin()
+        tensor seen for the first time, its clone on the device: see :meth:`landed`), or, for a
+        tensor ``watch`` proves unchanged, its :class:`Unchanged`. Device copies are issued before
+        it returns; their bytes are there after :meth:`settle`."""
+        self.begin(watch)
         self.retain({leaf.path for leaf in leaves})
-        copies = [self._copy(leaf) for leaf in leaves]
+        copies = [self._take(leaf) for leaf in leaves]
         self.issue()
         return copies
 
-    def begin(self) -> None:
-        """Start a snapshot: forget device copies queued by one that was given up."""
+    def begin(self, watch: ChangeWatch | None = None) -> None:
+        """Start a snapshot (with ``watch``: of tensors it need not copy): forget device copies queued
+        by one that was given up."""
         self._copies = DeviceCopies()
         self._clones.clear()
         self._tickets.clear()
         self._room.clear()
+        self.unchanged = {}
+        self._watch = watch
+        if watch is not None:
+            watch.begin()
 
     def stage(self, leaf: ArrayLeaf) -> Any:
-        """Copy one leaf into its staging buffer; return the copy as the leaf's own kind (a torch
-        tensor for a tensor, else the typed array). A CUDA tensor's copy is queued (:meth:`issue`)."""
-        typed = self._copy(leaf)
+        """Copy one leaf into its staging buffer (unless the snapshot's watch proves it unchanged);
+        return the copy as the leaf's own kind (a torch tensor for a tensor, else the typed array).
+        A CUDA tensor's copy is queued (:meth:`issue`)."""
+        typed = self._take(leaf)
+        if isinstance(typed, Unchanged):
+            return self._slots[leaf.path].tensor  # what it holds is not read: the step refers to it
         if leaf.kind != "torch" or not isinstance(typed, np.ndarray):
             return typed
         tensor = self._slots[leaf.path].tensor
         return tensor if tensor is not None else to_value("torch", leaf.dtype, typed)  # 0 bytes
+
+    def unchanged_tensor(self, path: str, tensor: Any) -> bool:
+        """Whether CPU ``tensor`` (kept at ``path``, in a buffer an earlier save staged it in) is
+        proven unchanged by the snapshot's watch: then it is not copied."""
+        if self._watch is None:
+            return False
+        slot = self._slots.get(path)
+        held = slot.typed if slot is not None else None
+        found = self._watch.check(path, tensor, held=held, live=False)
+        if found is not None:
+            self.unchanged[path] = found
+        return found is not None
+
+    def copied(self, path: str, tensor: Any) -> None:
+        """CPU ``tensor`` at ``path`` was copied into its buffer at this save point (the watch learns it)."""
+        if self._watch is not None:
+            self._watch.saw(path, tensor, buffer=self._slots[path].typed)
+
+    def _take(self, leaf: ArrayLeaf) -> Any:
+        """A leaf's copy, or its Unchanged if the snapshot's watch proves it unchanged (a tensor with
+        a buffer of its shape: the buffer still holds the committed bytes)."""
+        watch = self._watch
+        if watch is None or leaf.kind != "torch" or not leaf.nbytes:
+            return self._copy(leaf)
+        device = self._copies if is_cuda(leaf.source) else None
+        slot = self._slots.get(leaf.path)
+        if slot is not None and slot.key == (leaf.kind, leaf.dtype, leaf.shape):
+            found = watch.check(leaf.path, leaf.source, held=slot.typed, live=False, device=device)
+            if found is not None:
+                self.unchanged[leaf.path] = found
+                return found
+        copy = self._copy(leaf)
+        slot = self._slots.get(leaf.path)  # none yet for a clone: its buffer comes in settle()
+        watch.saw(leaf.path, leaf.source, buffer=None if slot is None else slot.typed, device=device)
+        return copy
 
     def issue(self) -> None:
         """Issue the queued device copies (ordered after the training stream, which waits for them)."""
@@ -130,7 +177,10 @@ class StagingPool:
         self._clones.clear()
         landing = DeviceCopies()
         for leaf, buffer in zip(leaves, self._pinned_buffers(leaves), strict=True):
-            landing.add(self._slot(leaf, buffer).tensor, leaf.source)
+            slot = self._slot(leaf, buffer)
+            landing.add(slot.tensor, leaf.source)
+            if self._watch is not None:
+                self._watch.staged(leaf.path, slot.typed)
         landing.issue(ordered=False)  # the clones are the copy stream's own: nothing to wait for
         landing.wait()
 

@@ -1,0 +1,241 @@
+"""Which tensors are provably unchanged since the newest committed step: a save refers to the bytes
+that step holds instead of copying and writing them again (docs/design.md, rule 16;
+docs/unchanged.md).
+
+The proof is a hash of the tensor's bytes taken at the save point, equal to the hash of the bytes
+committed for its path (same dtype and shape): on the CPU the xxh3-64 a raw payload's checksum
+already is, on the training thread; on a GPU a fingerprint (:mod:`crashsafe.state.fingerprint`)
+computed on the copy stream, ordered exactly as a copy would be (rule 15), that the writer checks
+before it refers to anything. Nothing else is trusted: torch's version counter misses writes through
+``.data``, numpy or DLPack views, raw pointers and other processes, so it only picks the tensors
+worth hashing (a tensor whose counter moved, or that is not the same tensor in the same memory, is
+copied without hashing).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import xxhash
+
+from crashsafe.codecs.registry import get_codec
+from crashsafe.errors import SaveFailedError
+from crashsafe.format.manifest import Manifest, PayloadEntry, base_mark
+from crashsafe.state.fingerprint import DevicePrint, differs, print_of, printable
+
+__all__ = ["MIN_BYTES", "ChangeWatch", "Holding", "Unchanged", "raw_digest"]
+
+MIN_BYTES = 1 << 17  # smaller tensors are copied: hashing them saves too little to be worth a call
+
+
+@dataclass(frozen=True)
+class Holding:
+    """Where a path's committed bytes are: the step that owns them, that save's creation time (its
+    base mark) and its own entry for them."""
+
+    step: int
+    created: float
+    entry: PayloadEntry
+
+    def reference(self) -> PayloadEntry:
+        """The entry a new step refers to these bytes with."""
+        return dataclasses.replace(self.entry, ref=self.step)
+
+
+@dataclass
+class _Seen:
+    """A tensor as a save point found it: where it lives and its version, and what proves its bytes
+    (xxh3-64 on the CPU, a fingerprint on a device; None: not hashed then)."""
+
+    key: tuple[Any, ...]
+    version: int
+    digest: str | None = None
+    print: DevicePrint | None = None
+    buffer: np.ndarray[Any, Any] | None = None  # the staging buffer its bytes were copied into
+
+
+@dataclass
+class _Record:
+    seen: _Seen
+    holding: Holding
+
+
+@dataclass(frozen=True)
+class Unchanged:
+    """What a snapshot holds in place of an unchanged tensor's bytes: the committed bytes it equals,
+    those bytes themselves where at hand (a staging buffer that holds them, or the live tensor in a
+    save that writes before it returns), and, for a device tensor, the check the writer must pass
+    (its fingerprint compared on the device) before it refers to them."""
+
+    path: str
+    holding: Holding
+    array: np.ndarray[Any, Any]
+    confirm: Callable[[], bool] | None = None
+
+    def reference(self, committed: frozenset[int], rank: int | None) -> PayloadEntry | None:
+        """The entry referring to the committed bytes, or None where they cannot be referred to (their
+        step is gone, or another rank wrote them): then ``array``, the same bytes, is written. Raises
+        SaveFailedError if a device tensor turned out changed behind torch's back."""
+        if self.confirm is not None and not self.confirm():
+            raise SaveFailedError(
+                f"tensor '{self.path}' changed although torch's version counter did not move (a write "
+                "through .data, a numpy or DLPack view, or another process): this save was not "
+                "committed, so as not to record stale bytes; the next save copies every tensor"
+            )
+        if self.holding.step in committed and self.holding.entry.rank == rank:
+            return self.holding.reference()
+        return None
+
+
+class ChangeWatch:
+    """Remembers, per path, the tensor the newest committed step holds and the proof of its bytes;
+    decides at each save point which tensors are unchanged. One per writer; it learns a step only
+    once the step is committed (:meth:`committed`), and forgets everything after a failed save
+    (:meth:`forget`), whose copies may have overwritten committed bytes in staging."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self._records: dict[str, _Record] = {}
+        self._now: dict[str, _Seen] = {}  # this save point: what each watched tensor was
+
+    def begin(self) -> None:
+        """A new save point (a snapshot given up before it committed leaves nothing behind)."""
+        self._now = {}
+
+    def check(
+        self, path: str, tensor: Any, *, held: np.ndarray[Any, Any] | None, live: bool, device: Any = None
+    ) -> Unchanged | None:
+        """``tensor`` at ``path`` if provably unchanged, else None (the caller copies it, then calls
+        :meth:`saw`). ``held``: the staging buffer of ``path``; ``live``: the save writes before it
+        returns, so the live tensor's bytes may be written; ``device``: the snapshot's
+        :class:`~crashsafe._cuda.DeviceCopies` for a device tensor (None: a CPU tensor)."""
+        record = self._records.get(path)
+        seen = _seen(tensor) if self.enabled else None
+        if seen is None or record is None:
+            return None
+        if (seen.key, seen.version) != (record.seen.key, record.seen.version):
+            return None
+        if not live and (held is None or held is not record.seen.buffer):
+            return None  # its buffer is not the one that received the committed bytes: copy it
+        if device is not None:
+            assert held is not None
+            return self._on_device(path, tensor, record, held, device)
+        data = _bytes(tensor)
+        seen.digest = xxhash.xxh3_64_hexdigest(data.data)
+        self._now[path] = seen
+        if seen.digest != record.seen.digest:
+            return None
+        seen.buffer = record.seen.buffer
+        return Unchanged(path, record.holding, data if live or held is None else held)
+
+    def _on_device(
+        self, path: str, tensor: Any, record: _Record, held: np.ndarray[Any, Any], copies: Any
+    ) -> Unchanged | None:
+        """Queue the fingerprint comparison of a device tensor on its copy stream; the writer waits
+        for its verdict (:meth:`Unchanged.reference`)."""
+        before = record.seen.print
+        if before is None:
+            return None
+        import torch
+
+        verdict = torch.ones(1, dtype=torch.bool, pin_memory=tensor.is_cuda)
+        source = tensor.detach()
+
+        def compare() -> None:
+            verdict.copy_(differs(source, before), non_blocking=True)
+
+        ticket = copies.run(source.device.index, compare, source)
+
+        def confirm() -> bool:
+            copies.ready(ticket)
+            return not bool(verdict.item())
+
+        self._now[path] = dataclasses.replace(record.seen)
+        return Unchanged(path, record.holding, held, confirm)
+
+    def saw(self, path: str, tensor: Any, *, buffer: np.ndarray[Any, Any] | None, device: Any = None) -> None:
+        """``tensor`` at ``path`` was copied at this save point (into ``buffer``, a staging buffer, if
+        any); a device tensor's fingerprint is queued on ``device`` (its snapshot's copies) to prove
+        it unchanged at a later save."""
+        seen = _seen(tensor) if self.enabled else None
+        if seen is None:
+            return
+        earlier = self._now.get(path)
+        if earlier is not None:
+            seen.digest = earlier.digest  # hashed at this very save point, before the copy
+        seen.buffer = buffer
+        if device is not None and printable(tensor):
+            source = tensor.detach()
+
+            def fingerprint() -> None:
+                seen.print = print_of(source)
+
+            device.run(source.device.index, fingerprint, source)
+        self._now[path] = seen
+
+    def staged(self, path: str, buffer: np.ndarray[Any, Any]) -> None:
+        """The bytes of ``path`` copied at this save point (a clone on the device) landed in ``buffer``."""
+        seen = self._now.get(path)
+        if seen is not None:
+            seen.buffer = buffer
+
+    def committed(self, manifest: Manifest, rank: int | None) -> None:
+        """``manifest`` committed: what this rank's payloads hold is the newest committed state."""
+        records: dict[str, _Record] = {}
+        for entry in manifest.payloads:
+            seen = self._now.get(entry.path)
+            if entry.rank != rank or seen is None:
+                continue
+            if entry.ref is None:
+                holding = Holding(manifest.step, manifest.created, entry)
+            else:
+                created = manifest.info.get(base_mark(entry.ref))
+                if isinstance(created, bool) or not isinstance(created, (int, float)):
+                    continue
+                holding = Holding(entry.ref, created, dataclasses.replace(entry, ref=None))
+            if get_codec(holding.entry.codec).lossy:
+                continue  # a lossy payload is not the bytes: encoding them anew may come out closer
+            if seen.digest is None:
+                seen.digest = raw_digest(holding.entry)
+            records[entry.path] = _Record(seen, holding)
+        self._records, self._now = records, {}
+
+    def forget(self) -> None:
+        """Forget every record: the next save copies every tensor."""
+        self._records, self._now = {}, {}
+
+
+def raw_digest(entry: PayloadEntry) -> str | None:
+    """The xxh3-64 of a payload's array bytes where its checksum is that (stored raw, whole), else None."""
+    if entry.codec == {"id": "raw"} and entry.chunks is None and entry.nbytes == entry.raw_nbytes:
+        return entry.xxh3
+    return None
+
+
+def _seen(tensor: Any) -> _Seen | None:
+    """Where ``tensor`` lives and its version, if a save may hash it (big enough, plain bits, one
+    contiguous block, a version counter: inference tensors have none), else None."""
+    if tensor.numel() * tensor.element_size() < MIN_BYTES or not tensor.is_contiguous():
+        return None
+    if tensor.is_conj() or tensor.is_neg():
+        return None
+    try:
+        version = tensor._version
+    except RuntimeError:  # an inference tensor: no counter at all
+        return None
+    storage = tensor.untyped_storage()
+    key = (storage.data_ptr(), storage.nbytes(), tensor.data_ptr(), tensor.dtype, tuple(tensor.shape),
+           tensor.stride(), str(tensor.device))  # fmt: skip
+    return _Seen(key, version)
+
+
+def _bytes(tensor: Any) -> np.ndarray[Any, Any]:
+    """A CPU tensor's bytes, viewed (the caller checked it is contiguous and plain)."""
+    import torch
+
+    flat: np.ndarray[Any, Any] = tensor.detach().reshape(-1).view(torch.uint8).numpy()
+    return flat

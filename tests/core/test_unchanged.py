@@ -1,0 +1,301 @@
+"""Unchanged tensors are referred to, never copied or written again, and never stale (rule 16).
+
+Every way we found to change a tensor's bytes, torch's version counter seeing it or not, is applied
+between saves (and right after a save returns, before it is written); each save's checkpoint must
+load back exactly as the state was at the save point.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import crashsafe as cs
+from crashsafe.state.unchanged import MIN_BYTES
+
+ROWS, COLS = 64, 512  # 128 KiB of float32: big enough to be watched
+
+
+def _model(seed: int = 0, frozen: int = 4) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(*[torch.nn.Linear(COLS, ROWS, bias=False) for _ in range(frozen)])
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def _values(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _loaded(directory: Path, step: int) -> dict[str, torch.Tensor]:
+    state = cs.load(directory, step=step)
+    return {k: torch.as_tensor(v) for k, v in state["model"].items()}
+
+
+def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    bits = lambda t: t.reshape(-1).view(torch.uint8)  # noqa: E731
+    return a.keys() == b.keys() and all(torch.equal(bits(a[k]), bits(b[k])) for k in a)
+
+
+def _referenced(directory: Path, step: int) -> set[str]:
+    with cs.CheckpointManager(directory, read_only=True) as reader:
+        return {p.path for p in reader.manifest(step).payloads if p.ref is not None}
+
+
+# ----------------------------------------------------------------------------- mutations
+
+
+def _other(t: torch.Tensor) -> torch.Tensor:
+    return torch.randn_like(t)
+
+
+def _in_place(t: torch.Tensor) -> None:
+    with torch.no_grad():
+        t.add_(1.0)
+
+
+def _through_data(t: torch.Tensor) -> None:
+    t.data.mul_(-1.5)  # a new version counter: torch's own is not moved
+
+
+def _through_numpy(t: torch.Tensor) -> None:
+    t.detach().numpy()[3, :7] = 42.0
+
+
+def _through_dlpack(t: torch.Tensor) -> None:
+    alias = torch.utils.dlpack.from_dlpack(torch.utils.dlpack.to_dlpack(t.detach()))
+    alias[0, 0] = -7.0
+
+
+def _through_storage(t: torch.Tensor) -> None:
+    t.untyped_storage().fill_(3)
+
+
+def _through_pointer(t: torch.Tensor) -> None:
+    ctypes.memset(t.data_ptr() + 100, 0x41, 8)  # one float's worth of bytes, from C
+
+
+def _replaced_storage(t: torch.Tensor) -> None:
+    t.data = _other(t)  # set_: the same object, other memory
+
+
+def _same_value_through_data(t: torch.Tensor) -> None:
+    t.data.copy_(t.detach().clone())  # bytes unchanged: a reference stays right
+
+
+def _one_bit(t: torch.Tensor) -> None:
+    t.detach().view(torch.int32).numpy().reshape(-1)[-1] ^= 1  # the last element's lowest bit
+
+
+def _child_process(t: torch.Tensor) -> None:
+    """A write from another process into shared memory: nothing in this process sees it."""
+    t.share_memory_()
+    process = multiprocessing.get_context("fork").Process(target=_negate_in_child, args=(t,))
+    process.start()
+    process.join(30)
+    assert process.exitcode == 0
+
+
+def _negate_in_child(t: torch.Tensor) -> None:
+    t.detach().numpy()[:] *= -1
+
+
+MUTATIONS: dict[str, Callable[[torch.Tensor], None]] = {
+    "in_place": _in_place,
+    "data": _through_data,
+    "numpy": _through_numpy,
+    "dlpack": _through_dlpack,
+    "storage": _through_storage,
+    "pointer": _through_pointer,
+    "set_": _replaced_storage,
+    "same_value": _same_value_through_data,
+    "one_bit": _one_bit,
+}
+
+
+def _load_state_dict(model: torch.nn.Module) -> None:
+    model.load_state_dict({k: _other(v) for k, v in model.state_dict().items()})
+
+
+def _load_state_dict_assign(model: torch.nn.Module) -> None:
+    model.load_state_dict({k: _other(v) for k, v in model.state_dict().items()}, assign=True)
+
+
+def _replaced_parameter(model: torch.nn.Module) -> None:
+    layer = model[0]
+    assert isinstance(layer, torch.nn.Linear)
+    layer.weight = torch.nn.Parameter(_other(layer.weight), requires_grad=False)
+
+
+def _swapped(model: torch.nn.Module) -> None:
+    a, b = model[0].weight, model[1].weight
+    a.data, b.data = b.data, a.data
+
+
+MODEL_MUTATIONS: dict[str, Callable[[torch.nn.Module], None]] = {
+    "load_state_dict": _load_state_dict,
+    "load_state_dict_assign": _load_state_dict_assign,
+    "replaced_parameter": _replaced_parameter,
+    "swapped": _swapped,
+    "child_process": lambda model: _child_process(model[2].weight),
+}
+
+
+# ----------------------------------------------------------------------------- tests
+
+
+@pytest.mark.parametrize("async_save", [True, False])
+def test_frozen_tensors_are_referred_to_and_load_back(tmp_path: Path, async_save: bool) -> None:
+    model = _model()
+    with cs.CheckpointManager(tmp_path, async_save=async_save, keep_last=None) as manager:
+        for step in (1, 2, 3):
+            manager.save(step, {"model": model})
+        manager.wait()
+        sizes = [manager.manifest(step).stored_nbytes for step in (1, 2, 3)]
+    assert _referenced(tmp_path, 1) == set()
+    assert _referenced(tmp_path, 2) == _referenced(tmp_path, 3) == set(model.state_dict())
+    assert sizes[1] == sizes[2] == 0 and sizes[0] >= 4 * MIN_BYTES  # nothing written again
+    for step in (1, 2, 3):
+        assert _same(_loaded(tmp_path, step), _values(model))
+
+
+def test_turned_off_copies_and_writes_every_tensor(tmp_path: Path) -> None:
+    model = _model()
+    with cs.CheckpointManager(tmp_path, unchanged=False) as manager:
+        for step in (1, 2):
+            manager.save(step, {"model": model})
+    assert _referenced(tmp_path, 2) == set()
+
+
+def test_small_tensors_are_always_copied(tmp_path: Path) -> None:
+    small = torch.zeros(8, 8)
+    with cs.CheckpointManager(tmp_path) as manager:
+        for step in (1, 2):
+            manager.save(step, {"small": small})
+    assert _referenced(tmp_path, 2) == set()
+
+
+@pytest.mark.parametrize("async_save", [True, False])
+@pytest.mark.parametrize("how", sorted(MUTATIONS))
+def test_a_mutation_before_the_save_is_saved(tmp_path: Path, how: str, async_save: bool) -> None:
+    model = _model()
+    with cs.CheckpointManager(tmp_path, async_save=async_save, keep_last=None) as manager:
+        manager.save(1, {"model": model})
+        manager.save(2, {"model": model})  # every tensor referred to from here on
+        MUTATIONS[how](model[1].weight)
+        expected = _values(model)
+        manager.save(3, {"model": model})
+        manager.wait()
+    assert _same(_loaded(tmp_path, 3), expected)
+    changed = how != "same_value"
+    assert ("1.weight" in _referenced(tmp_path, 3)) != changed
+    assert {"0.weight", "2.weight", "3.weight"} <= _referenced(tmp_path, 3)  # the others still are
+
+
+@pytest.mark.parametrize("how", sorted(MODEL_MUTATIONS))
+def test_a_mutation_of_the_module_is_saved(tmp_path: Path, how: str) -> None:
+    model = _model()
+    with cs.CheckpointManager(tmp_path, keep_last=None) as manager:
+        manager.save(1, {"model": model})
+        manager.save(2, {"model": model})
+        MODEL_MUTATIONS[how](model)
+        expected = _values(model)
+        manager.save(3, {"model": model})
+        manager.wait()
+    assert _same(_loaded(tmp_path, 3), expected)
+
+
+def test_changed_and_changed_back_around_a_save(tmp_path: Path) -> None:
+    """An EMA swap through .data: other values at the save point, the old ones right after save
+    returns. The step must hold the values of the save point, not the old ones it may refer to."""
+    model = _model()
+    weight = model[0].weight
+    with cs.CheckpointManager(tmp_path, keep_last=None) as manager:
+        manager.save(1, {"model": model})
+        manager.save(2, {"model": model})
+        kept = weight.detach().clone()
+        weight.data.copy_(_other(weight))
+        expected = _values(model)
+        manager.save(3, {"model": model})
+        weight.data.copy_(kept)  # before the background writer runs
+        manager.wait()
+    assert _same(_loaded(tmp_path, 3), expected)
+
+
+def test_a_failed_save_makes_the_next_one_copy_everything(tmp_path: Path) -> None:
+    model = _model()
+    with cs.CheckpointManager(tmp_path, keep_last=None) as manager:
+        manager.save(1, {"model": model})
+        manager.save(2, {"model": model})
+        manager.wait()
+        manager._planner.reset()  # what a failed save or damage found on a read does
+        manager.save(3, {"model": model})
+        manager.wait()
+    assert _referenced(tmp_path, 3) == set()
+    assert _same(_loaded(tmp_path, 3), _values(model))
+
+
+def test_inference_tensors_are_always_copied(tmp_path: Path) -> None:
+    with torch.inference_mode():
+        frozen = torch.randn(ROWS, COLS)
+    with cs.CheckpointManager(tmp_path) as manager:
+        for step in (1, 2):
+            manager.save(step, {"t": frozen})
+    assert _referenced(tmp_path, 2) == set()
+
+
+_KINDS = sorted(MUTATIONS)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    rounds=st.lists(
+        st.tuples(
+            st.lists(st.tuples(st.integers(0, 3), st.sampled_from(_KINDS)), max_size=3),  # before the save
+            st.lists(st.tuples(st.integers(0, 3), st.sampled_from(_KINDS)), max_size=2),  # right after it
+            st.booleans(),  # wait for the save before mutating again
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+    async_save=st.booleans(),
+)
+def test_random_mutations_never_leave_a_stale_step(
+    tmp_path_factory: pytest.TempPathFactory, rounds: list[Any], async_save: bool
+) -> None:
+    directory = tmp_path_factory.mktemp("mutations")
+    model = _model()
+    weights = [model[i].weight for i in range(4)]
+    expected: dict[int, dict[str, torch.Tensor]] = {}
+    with cs.CheckpointManager(directory, async_save=async_save, keep_last=None) as manager:
+        for step, (before, after, wait) in enumerate(rounds, start=1):
+            for i, kind in before:
+                MUTATIONS[kind](weights[i])
+                weights = [model[j].weight for j in range(4)]
+            expected[step] = _values(model)
+            manager.save(step, {"model": model})
+            for i, kind in after:
+                MUTATIONS[kind](weights[i])
+            if wait:
+                manager.wait()
+        manager.wait()
+    for step, values in expected.items():
+        assert _same(_loaded(directory, step), values), f"step {step} is stale"
+
+
+def test_numpy_arrays_are_copied_as_before(tmp_path: Path) -> None:
+    array = np.ones((ROWS, COLS), dtype=np.float32)
+    with cs.CheckpointManager(tmp_path) as manager:
+        for step in (1, 2):
+            manager.save(step, {"a": array})
+    assert _referenced(tmp_path, 2) == set()
