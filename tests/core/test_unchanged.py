@@ -20,7 +20,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import crashsafe as cs
+from crashsafe.errors import SaveFailedError
 from crashsafe.state.unchanged import MIN_BYTES
+
+from ..fake_device import fake_device
+
+__all__ = ["fake_device"]
 
 ROWS, COLS = 64, 512  # 128 KiB of float32: big enough to be watched
 
@@ -38,7 +43,8 @@ def _values(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _loaded(directory: Path, step: int) -> dict[str, torch.Tensor]:
-    state = cs.load(directory, step=step)
+    with cs.CheckpointManager(directory, read_only=True) as reader:
+        state = reader.load(step)
     return {k: torch.as_tensor(v) for k, v in state["model"].items()}
 
 
@@ -147,7 +153,6 @@ MODEL_MUTATIONS: dict[str, Callable[[torch.nn.Module], None]] = {
     "load_state_dict_assign": _load_state_dict_assign,
     "replaced_parameter": _replaced_parameter,
     "swapped": _swapped,
-    "child_process": lambda model: _child_process(model[2].weight),
 }
 
 
@@ -163,7 +168,7 @@ def test_frozen_tensors_are_referred_to_and_load_back(tmp_path: Path, async_save
         manager.wait()
         sizes = [manager.manifest(step).stored_nbytes for step in (1, 2, 3)]
     assert _referenced(tmp_path, 1) == set()
-    assert _referenced(tmp_path, 2) == _referenced(tmp_path, 3) == set(model.state_dict())
+    assert _referenced(tmp_path, 2) == _referenced(tmp_path, 3) == {f"model.{k}" for k in model.state_dict()}
     assert sizes[1] == sizes[2] == 0 and sizes[0] >= 4 * MIN_BYTES  # nothing written again
     for step in (1, 2, 3):
         assert _same(_loaded(tmp_path, step), _values(model))
@@ -198,8 +203,8 @@ def test_a_mutation_before_the_save_is_saved(tmp_path: Path, how: str, async_sav
         manager.wait()
     assert _same(_loaded(tmp_path, 3), expected)
     changed = how != "same_value"
-    assert ("1.weight" in _referenced(tmp_path, 3)) != changed
-    assert {"0.weight", "2.weight", "3.weight"} <= _referenced(tmp_path, 3)  # the others still are
+    assert ("model.1.weight" in _referenced(tmp_path, 3)) != changed
+    assert {"model.0.weight", "model.2.weight", "model.3.weight"} <= _referenced(tmp_path, 3)  # the others still are
 
 
 @pytest.mark.parametrize("how", sorted(MODEL_MUTATIONS))
@@ -299,3 +304,44 @@ def test_numpy_arrays_are_copied_as_before(tmp_path: Path) -> None:
         for step in (1, 2):
             manager.save(step, {"a": array})
     assert _referenced(tmp_path, 2) == set()
+
+
+# ----------------------------------------------------------------------------- the device path (CPU model)
+
+
+def test_device_tensors_are_proven_by_their_fingerprint(tmp_path: Path, fake_device: Any) -> None:
+    """Tensors of the CPU device model take the CUDA path: fingerprints queued with the copies,
+    compared when issued (at the save point), checked by the writer."""
+    torch.manual_seed(0)
+    weights = {f"{i}": fake_device(torch.randn(ROWS, COLS)) for i in range(3)}
+    with cs.CheckpointManager(tmp_path, keep_last=None) as manager:
+        for step in (1, 2, 3):
+            manager.save(step, {"model": weights})
+        manager.wait()
+        assert _referenced(tmp_path, 3) == {f"model.{k}" for k in weights}
+        expected = {k: v.clone() for k, v in weights.items()}
+        weights["1"].data.mul_(2)  # torch does not count it: the fingerprint does
+        manager.save(4, {"model": weights})
+        with pytest.raises(SaveFailedError, match="version counter"):
+            manager.wait()
+        assert manager.steps() == [1, 2, 3]
+        manager.save(5, {"model": weights})  # copies every tensor after the failure
+        manager.wait()
+    assert _referenced(tmp_path, 5) == set()
+    assert _same(_loaded(tmp_path, 3), expected)
+    assert _same(_loaded(tmp_path, 5), {k: v.clone() for k, v in weights.items()})
+
+
+def test_shared_memory_written_by_another_process(tmp_path: Path) -> None:
+    model = _model()
+    for p in model.parameters():
+        p.share_memory_()
+    with cs.CheckpointManager(tmp_path, keep_last=None) as manager:
+        manager.save(1, {"model": model})
+        manager.save(2, {"model": model})
+        _child_process(model[2].weight)
+        expected = _values(model)
+        manager.save(3, {"model": model})
+        manager.wait()
+    assert "model.2.weight" not in _referenced(tmp_path, 3)
+    assert _same(_loaded(tmp_path, 3), expected)
