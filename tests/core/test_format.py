@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 
 import crashsafe as cs
 from crashsafe.format.manifest import (
-    CHUNKED_VERSION,
     FORMAT_VERSION,
     MANIFEST_NAME,
+    REFERENCES_VERSION,
     Manifest,
     PayloadEntry,
     _canonical,
@@ -63,7 +63,7 @@ def _tree(value: Any) -> Callable[[dict[str, Any]], None]:
 
 
 def _version(body: dict[str, Any]) -> None:
-    body["version"] = CHUNKED_VERSION + 1  # newer than any version this reader knows
+    body["version"] = REFERENCES_VERSION + 1  # newer than any version this reader knows
 
 
 FORGERIES: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {

@@ -21,11 +21,11 @@ from hypothesis import strategies as st
 import crashsafe as cs
 from crashsafe.format.chunks import Chunks, combine
 from crashsafe.format.manifest import (
-    CHUNKED_VERSION,
     MANIFEST_NAME,
     MAX_JSON_OBJECTS,
     MAX_JSON_VALUES,
     MAX_MANIFEST_BYTES,
+    REFERENCES_VERSION,
     Manifest,
     PayloadEntry,
     _canonical,
@@ -431,8 +431,8 @@ def test_re_signed_forgeries_of_chunk_checksums_are_refused(name: str) -> None:
 
 def test_an_older_crashsafe_message_for_a_newer_version_is_kept() -> None:
     body = chunked_body()
-    body["version"] = CHUNKED_VERSION + 1
-    with pytest.raises(cs.CorruptCheckpointError, match="reads versions 1 to 3. Upgrade crashsafe"):
+    body["version"] = REFERENCES_VERSION + 1
+    with pytest.raises(cs.CorruptCheckpointError, match="reads versions 1 to 4. Upgrade crashsafe"):
         loads(signed(body))
 
 

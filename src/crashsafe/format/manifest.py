@@ -37,6 +37,7 @@ __all__ = [
     "MANIFEST_NAME",
     "Manifest",
     "PayloadEntry",
+    "REFERENCES_VERSION",
     "base_mark",
     "check_written",
     "checked_step",
@@ -49,6 +50,7 @@ FORMAT_NAME = "crashsafe-checkpoint"
 FORMAT_VERSION = 1  # what a single process writes
 DISTRIBUTED_VERSION = 2  # many ranks: per-rank trees, payloads with their writer and shard
 CHUNKED_VERSION = 3  # version 2, and raw shards with per-chunk checksums (format/chunks.py)
+REFERENCES_VERSION = 4  # either layout, and payloads whose bytes an earlier step holds ("ref")
 MAX_RANKS = 65536
 MANIFEST_NAME = "manifest.json"
 MAX_STEP = MAX_INT64  # steps are int64 everywhere (names, JSON, other tools)
@@ -98,6 +100,7 @@ class PayloadEntry:
     rank: int | None = None  # a distributed step's payload: the rank that wrote it
     shard: tuple[tuple[int, ...], tuple[int, ...]] | None = None  # (global shape, offset) of a shard
     chunks: Chunks | None = None  # a raw shard's per-chunk checksums (its xxh3 is theirs combined)
+    ref: int | None = None  # a reference: the earlier step whose data file holds these very bytes
 
     @property
     def raw_nbytes(self) -> int:
@@ -124,6 +127,8 @@ class PayloadEntry:
             body["shard"] = {"global": list(self.shard[0]), "offset": list(self.shard[1])}
         if self.chunks is not None:
             body["chunks"] = {"bytes": self.chunks.size, "xxh3": list(self.chunks.xxh3)}
+        if self.ref is not None:
+            body["ref"] = self.ref
         return body
 
 
@@ -161,7 +166,18 @@ class Manifest:
 
     @property
     def stored_nbytes(self) -> int:
+        """The bytes this step's own data files hold (what deleting it frees)."""
         return sum(self.files.values())
+
+    @property
+    def referenced_nbytes(self) -> int:
+        """The stored bytes of the payloads that refer to earlier steps' bytes (held there)."""
+        return sum(p.nbytes for p in self.payloads if p.ref is not None)
+
+    @property
+    def references(self) -> frozenset[int]:
+        """The earlier steps whose bytes this step's references are (docs/format.md, version 4)."""
+        return frozenset(p.ref for p in self.payloads if p.ref is not None)
 
     @property
     def raw_nbytes(self) -> int:
@@ -169,7 +185,8 @@ class Manifest:
 
     def to_json(self) -> dict[str, Any]:
         """Version 1 for a single process (readable by every crashsafe), 2 for many ranks, 3 for
-        many ranks with chunk checksums (docs/format.md: an older crashsafe refuses it)."""
+        many ranks with chunk checksums, 4 for either with references (docs/format.md: an older
+        crashsafe refuses a version it does not know)."""
         body: dict[str, Any] = {
             "format": FORMAT_NAME,
             "version": FORMAT_VERSION,
@@ -186,6 +203,8 @@ class Manifest:
             body.update(version=version, trees=[self.tree, *self.rank_trees])
         else:
             body["tree"] = self.tree
+        if self.references:
+            body["version"] = REFERENCES_VERSION
         return body
 
 
@@ -241,11 +260,11 @@ def _parse_manifest(data: bytes, where: str) -> tuple[dict[str, Any], object]:
     if body.get("format") != FORMAT_NAME:
         raise _bad(where, f"is not a crashsafe manifest (format={_show(body.get('format'))})")
     version = body.get("version")
-    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= CHUNKED_VERSION:
+    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= REFERENCES_VERSION:
         raise _bad(
             where,
             f"has format version {_show(version)}; this crashsafe reads versions 1 to "
-            f"{CHUNKED_VERSION}. Upgrade crashsafe to read it",
+            f"{REFERENCES_VERSION}. Upgrade crashsafe to read it",
         )
     return body, claimed
 
@@ -305,7 +324,8 @@ _FIELDS_V2 = _FIELDS - {"tree"} | {"trees"}
 
 def _validate(body: dict[str, Any], where: str) -> Manifest:
     version = body["version"]
-    distributed = version >= DISTRIBUTED_VERSION
+    refs = version >= REFERENCES_VERSION  # either layout: one tree, or one per rank
+    distributed = "trees" in body if refs else version >= DISTRIBUTED_VERSION
     fields = _FIELDS_V2 if distributed else _FIELDS
     if body.keys() != fields:
         raise _bad(where, f"has unexpected fields {_show(sorted(body.keys() ^ fields))}")
@@ -320,8 +340,9 @@ def _validate(body: dict[str, Any], where: str) -> Manifest:
         raise _bad(where, "has an invalid payload table")
     codecs: set[tuple[Any, ...]] = set()
     if not distributed:
-        payloads = tuple(_payload(p, files, step, codecs, where) for p in body["payloads"])
+        payloads = tuple(_payload(p, files, step, codecs, refs, where) for p in body["payloads"])
         _unique_paths(payloads, where)
+        _marked(payloads, info, where)
         tree = body["tree"]
         validate_tree(tree, len(payloads), where, [(p.kind, p.shape) for p in payloads])
         return Manifest(step, float(created), tree, payloads, files, metrics, info)
@@ -330,9 +351,10 @@ def _validate(body: dict[str, Any], where: str) -> Manifest:
         raise _bad(where, f"has an invalid list of rank trees ({_show(trees)[:80]})")
     chunked = version >= CHUNKED_VERSION
     payloads = tuple(
-        _rank_payload(p, files, step, codecs, len(trees), chunked, where) for p in body["payloads"]
+        _rank_payload(p, files, step, codecs, len(trees), chunked, refs, where) for p in body["payloads"]
     )
     _unique_parts(payloads, where)
+    _marked(payloads, info, where)
     used: set[int] = set()
     for rank, tree in enumerate(trees):
         check = _TreeCheck(len(payloads), f"{where} (rank {rank})")
@@ -365,18 +387,27 @@ def _files(raw: object, where: str) -> dict[str, int]:
 
 
 _PAYLOAD_FIELDS = frozenset({"path", "kind", "dtype", "shape", "file", "offset", "nbytes", "xxh3", "codec"})
-_DELTA_FIELDS = _PAYLOAD_FIELDS | {"base"}
+_OPTIONAL_FIELDS = frozenset({"base", "ref"})
 
 
 def _payload(
-    raw: object, files: dict[str, int], step: int, codecs: set[tuple[Any, ...]], where: str
+    raw: object, files: dict[str, int], step: int, codecs: set[tuple[Any, ...]], refs: bool, where: str
 ) -> PayloadEntry:
-    if not isinstance(raw, dict) or (raw.keys() != _PAYLOAD_FIELDS and raw.keys() != _DELTA_FIELDS):
+    """One payload entry; with ``refs`` (version 4) it may refer to an earlier step's bytes: its file
+    is then that step's, checked against it where it is read (``crashsafe.references``)."""
+    if not isinstance(raw, dict) or not _PAYLOAD_FIELDS <= raw.keys() <= _PAYLOAD_FIELDS | _OPTIONAL_FIELDS:
         raise _bad(where, f"has a malformed payload entry {_show(raw)}")
     path = raw["path"]
     if not isinstance(path, str):
         raise _bad(where, "has a payload with a non-string path")
     at = f"payload {path[:100]!r}"
+    ref = None
+    if "ref" in raw:
+        if not refs:
+            raise _bad(where, f"{at}: refers to another step's bytes, which format versions 1 to 3 do not have")
+        ref = _int(raw["ref"], f"{at} referenced step", where)
+        if ref >= step:
+            raise _bad(where, f"{at}: refers to step {ref}, which is not earlier than step {step}")
     kind, dtype = raw["kind"], raw["dtype"]
     if not _member(kind, LEAF_KINDS):
         raise _bad(where, f"{at}: unknown kind {_show(kind)}")
@@ -384,11 +415,16 @@ def _payload(
         raise _bad(where, f"{at}: unknown dtype {_show(dtype)}")
     shape = _shape(raw["shape"], DTYPES[dtype].itemsize, at, where)
     file = raw["file"]
-    if not _member(file, files):
+    if ref is not None:
+        try:
+            validate_file_name(file)  # a file of step ``ref``: not in this step's table
+        except CorruptCheckpointError as exc:
+            raise _bad(where, f"{at}: {exc}") from None
+    elif not _member(file, files):
         raise _bad(where, f"{at}: refers to file {_show(file)} that is not in the file table")
     offset = _int(raw["offset"], f"{at} offset", where)
     nbytes = _int(raw["nbytes"], f"{at} size", where)
-    if offset + nbytes > files[file]:  # file sizes are int64, so the range is too
+    if ref is None and offset + nbytes > files[file]:  # file sizes are int64, so the range is too
         raise _bad(where, f"{at}: bytes {offset}..{offset + nbytes} lie outside {file} ({files[file]} bytes)")
     xxh3 = raw["xxh3"]
     if not isinstance(xxh3, str) or not _HEX64.fullmatch(xxh3):
@@ -397,7 +433,16 @@ def _payload(
     base = _int(raw["base"], f"{at} base step", where) if "base" in raw else None
     if base is not None and base >= step:
         raise _bad(where, f"{at}: is a delta against step {base}, which is not earlier than step {step}")
-    return PayloadEntry(path, kind, dtype, shape, file, offset, nbytes, xxh3, codec, base)
+    return PayloadEntry(path, kind, dtype, shape, file, offset, nbytes, xxh3, codec, base, ref=ref)
+
+
+def _marked(payloads: tuple[PayloadEntry, ...], info: dict[str, Any], where: str) -> None:
+    """Every step a reference refers to has its creation time in ``info`` (``base_mark``): a reader
+    honours a reference only against that very save of the step."""
+    for ref in sorted({p.ref for p in payloads if p.ref is not None}):
+        mark = info.get(base_mark(ref))
+        if isinstance(mark, bool) or not isinstance(mark, (int, float)):
+            raise _bad(where, f"refers to step {ref} but records no creation time of it ({base_mark(ref)})")
 
 
 def _codec(config: object, known: set[tuple[Any, ...]], at: str, where: str) -> dict[str, Any]:
@@ -441,6 +486,7 @@ def _rank_payload(
     codecs: set[tuple[Any, ...]],
     world: int,
     chunked: bool,
+    refs: bool,
     where: str,
 ) -> PayloadEntry:
     """A payload of a distributed step: a plain entry plus its writer's rank and, for a shard of a
@@ -449,7 +495,7 @@ def _rank_payload(
     if not isinstance(raw, dict) or "rank" not in raw:
         raise _bad(where, f"has a payload without its writer's rank {_show(raw)}")
     plain = {k: v for k, v in raw.items() if k not in ("rank", "shard", "chunks")}
-    entry = _payload(plain, files, step, codecs, where)
+    entry = _payload(plain, files, step, codecs, refs, where)
     rank = _int(raw["rank"], f"payload {entry.path[:100]!r} rank", where, maximum=world - 1)
     shard = None
     if "shard" in raw:
