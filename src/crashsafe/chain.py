@@ -1,12 +1,15 @@
-"""Decoding committed steps, through delta chains; and which earlier steps a step needs.
+"""Decoding committed steps, through references and delta chains; and which earlier steps a step needs.
 
 A payload written by a :class:`~crashsafe.codecs.DeltaCodec` names its base step in the manifest;
-decoding it needs the base's reconstruction, which may itself be a delta. :class:`ChainReader`
+decoding it needs the base's reconstruction, which may itself be a delta. A payload that refers to
+an earlier step's bytes (``ref``, format version 4) is read as that step's own payload once the
+reference is checked (:mod:`crashsafe.references`); every link of a chain may be one. :class:`ChainReader`
 validates a payload's whole chain before it decodes any byte (each base committed and earlier,
 holding the same path with the same kind, dtype, shape and codec), then decodes oldest first,
 verifying every payload's checksum. Payloads are decoded one at a time, so verification holds one
 decoded array (plus, for consecutive steps, one reconstruction per delta-coded path), never a
-whole step. :func:`protected_steps` tells retention which steps kept steps still need.
+whole step. :func:`protected_steps` tells retention which steps kept steps still need (their bases and the
+steps they refer to).
 
 Steps may be deleted by retention while they are read: an error about a step that is no longer
 committed is reported as :class:`NoCheckpointError` (it vanished), never as damage. A step reader
@@ -17,6 +20,7 @@ after a writer deletes it, so a local read that got that far never finds its ste
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, MutableMapping
@@ -34,6 +38,7 @@ from crashsafe.format.chunks import chunk_span
 from crashsafe.format.dtypes import storage_dtype
 from crashsafe.format.manifest import Manifest, PayloadEntry, base_mark
 from crashsafe.policies.keep import KeepPolicy, StepFacts
+from crashsafe.references import Part, Parts, held, part_of, referred_damage
 from crashsafe.step_facts import facts_lookup
 from crashsafe.storage.base import Store
 from crashsafe.storage.reader import StepReader, read_manifest
@@ -41,13 +46,13 @@ from crashsafe.storage.reader import StepReader, read_manifest
 __all__ = ["ChainReader", "direct_bases", "doomed_steps", "protected_steps", "read_step"]
 
 _T = TypeVar("_T")
-_Part = tuple[str, int | None, Any]  # a payload's path, writing rank and shard: see _same_part
 _OPEN_READERS = 32  # step readers kept open (each holds a few fds)
 
 
 def direct_bases(manifest: Manifest) -> frozenset[int]:
-    """The steps this step's delta payloads are encoded against."""
-    return frozenset(p.base for p in manifest.payloads if p.base is not None)
+    """The steps this step needs: those its delta payloads are encoded against, and those whose
+    bytes its references are (retention, the catalog and the mirror keep them alike)."""
+    return frozenset(p.base for p in manifest.payloads if p.base is not None) | manifest.references
 
 
 def protected_steps(
@@ -115,14 +120,17 @@ class ChainReader(Closing):
 
     Step readers stay open while it lives (a chain revisits its steps once per payload). With
     ``keep_references`` the newest reconstruction of each delta-coded path is kept, so reading
-    consecutive steps (as verification does) decodes every link of a chain once, not once per step.
+    consecutive steps (as verification does) decodes every link of a chain once, not once per step,
+    and bytes that several steps refer to are verified once.
     """
 
     def __init__(self, store: Store, *, keep_references: bool = False) -> None:
         self.store = store
         self._readers: OrderedDict[int, StepReader] = OrderedDict()
         self._held: set[int] = set()  # steps whose readers stay open (open_chains)
-        self._references: dict[_Part, tuple[int, Reference]] | None = {} if keep_references else None
+        self._parts: dict[int, Parts] = {}  # each open step's payloads by part
+        self._references: dict[Part, tuple[int, Reference]] | None = {} if keep_references else None
+        self._verified: set[tuple[int, Part]] | None = set() if keep_references else None
 
     def manifest(self, step: int) -> Manifest:
         return self._reader(step).manifest
@@ -148,31 +156,42 @@ class ChainReader(Closing):
         tensor) it is decoded into ``out``, raw bytes read straight in and checksummed as they land,
         and ``out`` is returned. If it turns out damaged, ``out`` may hold part of it. With
         ``upload`` (device memory) raw bytes go through its pinned bounce buffers, checksummed as
-        they land there, and a payload to decode is decoded into host memory, then copied once."""
-        target = self._reader(step)
-        try:
-            if upload is not None:
-                return self._upload(step, entry, upload)
-            if out is not None:
-                return self._into(step, entry, out)
-            return self._payload(step, entry, verify_only)
-        except (CorruptCheckpointError, NoCheckpointError):
-            target.raise_if_vanished()
-            raise
+        they land there, and a payload to decode is decoded into host memory, then copied once. A
+        reference is read from the step that holds its bytes."""
+        with self._reading(step):
+            at, own = self._owner(step, entry)
+            seen = (at, part_of(own))
+            if verify_only and self._verified is not None and seen in self._verified:
+                return None  # bytes another step refers to, verified in this pass already
+            with self._referred(step, at, entry):
+                if upload is not None:
+                    return self._upload(at, own, upload)
+                if out is not None:
+                    return self._into(at, own, out)
+                found = self._payload(at, own, verify_only)
+            if verify_only and self._verified is not None:
+                self._verified.add(seen)
+            return found
+
+    def owner(self, step: int, entry: PayloadEntry) -> tuple[int, PayloadEntry]:
+        """The step whose data file holds the bytes of ``entry`` (a payload of ``step``) and its own
+        entry for them: ``(step, entry)``, or for a reference the holder's, checked."""
+        with self._reading(step):
+            return self._owner(step, entry)
 
     def open_chains(self, step: int, entries: Iterable[PayloadEntry]) -> None:
-        """Open (and validate) now every step the chains of ``entries``, payloads of ``step``, run
-        through, and keep them open while this reader lives: decoding them later opens nothing, so
-        a writer that deletes those steps meanwhile cannot take a local step away mid-read."""
-        target = self._reader(step)
+        """Open (and validate) now every step the chains and references of ``entries``, payloads of
+        ``step``, run through, and keep them open while this reader lives: decoding them later opens
+        nothing, so a writer that deletes those steps meanwhile cannot take a local step away mid-read."""
         self._held.add(step)
-        try:
+        with self._reading(step):
             for entry in entries:
-                if entry.base is not None:
-                    self._held.update(at for at, _ in self._chain(step, entry))
-        except (CorruptCheckpointError, NoCheckpointError):
-            target.raise_if_vanished()
-            raise
+                if entry.base is not None or entry.ref is not None:
+                    at, own = self._owner(step, entry)
+                    self._held.add(at)
+                    if own.base is not None:
+                        with self._referred(step, at, entry):
+                            self._held.update(link for link, _ in self._chain(at, own))
 
     def span(
         self, step: int, entry: PayloadEntry, first: int, count: int, *, verify_only: bool = False
@@ -181,38 +200,82 @@ class ChainReader(Closing):
         checksums (a raw shard), read-only, in its storage dtype: only the chunks that hold them are
         read, each verified (``verify_only``: verified and not returned). Damage of any byte outside
         those chunks goes unnoticed here: reading the whole payload (:meth:`decode`) finds it."""
-        reader = self._reader(step)
         if entry.chunks is None or not 0 <= first <= first + count <= math.prod(entry.shape):
             raise ValueError(f"payload '{entry.path}' has no chunk checksums or no elements {first}+{count}")
         itemsize = storage_dtype(entry.dtype).itemsize
         start, stop = first * itemsize, (first + count) * itemsize
         chunks = chunk_span(start, stop, entry.chunks.size)
-        try:
-            if verify_only:
-                reader.check_stored(entry, chunks)
-                return None
-            data = reader.read_stored(entry, chunks)
-        except (CorruptCheckpointError, NoCheckpointError):
-            reader.raise_if_vanished()
-            raise
+        with self._reading(step):
+            at, own = self._owner(step, entry)
+            with self._referred(step, at, entry):
+                if verify_only:
+                    self._reader(at).check_stored(own, chunks)
+                    return None
+                data = self._reader(at).read_stored(own, chunks)
         skip = start - chunks[0] * entry.chunks.size
         return data[skip : skip + stop - start].view(storage_dtype(entry.dtype))
 
     def cached(self, step: int, entry: PayloadEntry, start: int = 0, stop: int | None = None) -> bool:
         """Whether the first of bytes ``[start, stop)`` of a payload of ``step`` are in the page
         cache (see StepReader.cached)."""
-        return self._reader(step).cached(entry, start, stop)
+        at, own = self.owner(step, entry)
+        return self._reader(at).cached(own, start, stop)
 
     def check(self, step: int, entry: PayloadEntry) -> None:
         """Verify the stored bytes of a payload and of every link of its chain, decoding nothing."""
+        with self._reading(step):
+            at, own = self._owner(step, entry)
+            with self._referred(step, at, entry):
+                links = self._chain(at, own) if own.base is not None else [(at, own)]
+                for link_at, link in links:
+                    self._reader(link_at).check_stored(link)
+
+    @contextlib.contextmanager
+    def _reading(self, step: int) -> Iterator[None]:
+        """Errors of a read of ``step``: a step deleted meanwhile (by retention) vanished, not damaged."""
         target = self._reader(step)
         try:
-            links = self._chain(step, entry) if entry.base is not None else [(step, entry)]
-            for at, link in links:
-                self._reader(at).check_stored(link)
+            yield
         except (CorruptCheckpointError, NoCheckpointError):
             target.raise_if_vanished()
             raise
+
+    @contextlib.contextmanager
+    def _referred(self, step: int, at: int, entry: PayloadEntry) -> Iterator[None]:
+        """Damage found reading bytes of step ``at`` that ``entry`` of ``step`` refers to names both."""
+        try:
+            yield
+        except CorruptCheckpointError as exc:
+            if at == step:
+                raise
+            raise referred_damage(self._where(step, entry), at, exc) from None
+
+    def _where(self, step: int, entry: PayloadEntry) -> str:
+        return f"checkpoint step {step} in {self.store.location}: payload '{entry.path}'"
+
+    def _owner(self, step: int, entry: PayloadEntry) -> tuple[int, PayloadEntry]:
+        """See :meth:`owner` (without telling a vanished ``step`` from damage)."""
+        ref = entry.ref
+        if ref is None:
+            return step, entry
+        said = f"{self._where(step, entry)} refers to step {ref}"
+        try:
+            holder = self._parts_of(ref)
+        except NoCheckpointError:
+            raise CorruptCheckpointError(
+                f"{said}, which is missing (deleted outside crashsafe?); restore another step"
+            ) from None
+        except CorruptCheckpointError as exc:
+            raise CorruptCheckpointError(f"{said}, which is damaged: {exc}") from None
+        return ref, held(self.manifest(step), entry, holder, self._where(step, entry))
+
+    def _parts_of(self, step: int) -> Parts:
+        """The payloads of ``step`` by part (indexed once per open reader of it)."""
+        manifest = self.manifest(step)
+        parts = self._parts.get(step)
+        if parts is None or parts.manifest is not manifest:
+            parts = self._parts[step] = Parts(manifest)
+        return parts
 
     def _into(self, step: int, entry: PayloadEntry, out: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         reader = self._reader(step)
@@ -251,9 +314,9 @@ class ChainReader(Closing):
             return _decode(reader, entry, lambda data: codec.decode(data, *_layout(entry)))
         links = self._chain(step, entry)
         reference = None
-        part = (entry.path, entry.rank, entry.shard)
+        part = part_of(entry)
         cached = self._references.pop(part, None) if self._references is not None else None
-        if cached is not None and cached[0] in {at for at, _ in links[:-1]}:
+        if cached is not None and cached[0] in {at for at, _ in links}:  # the last: bytes referred to again
             reference = cached[1]
             links = links[[at for at, _ in links].index(cached[0]) + 1 :]
         for at, link in links:
@@ -290,14 +353,15 @@ class ChainReader(Closing):
             ) from None
 
     def _chain(self, step: int, entry: PayloadEntry) -> list[tuple[int, PayloadEntry]]:
-        """(step, entry) from the full payload up to ``entry``, every link validated."""
+        """(step, entry) from the full payload up to ``entry`` (one ``step`` holds), every link
+        validated; a base step's entry that is a reference stands for the entry it refers to."""
         links = [(step, entry)]
         link, at = entry, step
-        where = f"checkpoint step {step} in {self.store.location}: payload '{entry.path}'"
+        where = self._where(step, entry)
         while link.base is not None:
             base = link.base
             try:
-                prior_manifest = self.manifest(base)
+                prior_parts = self._parts_of(base)
             except NoCheckpointError:
                 raise CorruptCheckpointError(
                     f"{where} is a delta of step {base}, but base step {base} is missing (deleted outside "
@@ -309,13 +373,13 @@ class ChainReader(Closing):
                     f"{where} is a delta of step {base}, which is damaged: {exc}"
                 ) from None
             wanted = self.manifest(at).info.get(base_mark(base))  # older steps record no mark
-            if wanted is not None and wanted != prior_manifest.created:
+            if wanted is not None and wanted != prior_parts.manifest.created:
                 raise CorruptCheckpointError(
                     f"{where} is a delta of step {base}, but step {base} was saved again after step {at} "
                     "was (a run that fell back and trained on): the deltas do not decode against it; "
                     "restore another step"
                 )
-            found = [p for p in prior_manifest.payloads if _same_part(p, entry)]
+            found = prior_parts.find(entry)
             if len(found) != 1:
                 raise CorruptCheckpointError(f"{where}: base step {base} does not hold this path")
             prior = found[0]
@@ -328,8 +392,11 @@ class ChainReader(Closing):
                 raise CorruptCheckpointError(
                     f"{where}: base step {base} holds it with another kind, dtype, shape or codec"
                 )
-            links.append((base, prior))
-            link, at = prior, base
+            try:
+                at, link = self._owner(base, prior)
+            except CorruptCheckpointError as exc:
+                raise CorruptCheckpointError(f"{where} is a delta of step {base}: {exc}") from None
+            links.append((at, link))
         return links[::-1]
 
     def _codec(self, reader: StepReader, entry: PayloadEntry) -> Codec:
@@ -348,6 +415,7 @@ class ChainReader(Closing):
             idle = next((at for at in self._readers if at not in self._held and at != step), None)
             if idle is not None:
                 self._readers.pop(idle).close()
+                self._parts.pop(idle, None)
         return reader
 
     def close(self) -> None:
@@ -355,12 +423,7 @@ class ChainReader(Closing):
             reader.close()
         self._readers.clear()
         self._held.clear()
-
-
-def _same_part(a: PayloadEntry, b: PayloadEntry) -> bool:
-    """Whether ``a`` holds the same part of the state as ``b``: the same path, and in a distributed
-    step the same writer and shard (a rank's delta chain runs through its own payloads)."""
-    return (a.path, a.rank, a.shard) == (b.path, b.rank, b.shard)
+        self._parts.clear()
 
 
 def _layout(entry: PayloadEntry) -> tuple[np.dtype[Any], tuple[int, ...]]:

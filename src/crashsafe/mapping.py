@@ -2,9 +2,10 @@
 
 For inspection and export: each raw payload comes back as a read-only numpy array over the data
 file mapped into memory (its checksum verified over the mapping, so its pages are read once and
-never copied); payloads of other codecs are decoded as :func:`~crashsafe.loading.read_state` does.
-A mapped file stays readable while any view of it lives, even after retention deletes its step
-(deleting unlinks, it never truncates a committed file). Only a local directory can be mapped.
+never copied; a reference maps the file of the step that holds its bytes); payloads of other
+codecs are decoded as :func:`~crashsafe.loading.read_state` does. A mapped file stays readable
+while any view of it lives, even after retention deletes its step (deleting unlinks, it never
+truncates a committed file). Only a local directory can be mapped.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from crashsafe.errors import CodecError, CorruptCheckpointError, CrashsafeError
 from crashsafe.format.dtypes import storage_dtype
 from crashsafe.format.manifest import Manifest, PayloadEntry
 from crashsafe.loading import array_ids, first_intact, holding, read_value, reading_error, state_of
+from crashsafe.references import referred_damage
 from crashsafe.state.rebuild import to_value
 from crashsafe.storage.base import Store
 from crashsafe.storage.layout import step_name
@@ -57,17 +59,25 @@ def map_state(store: Store, step: int, rank: int | None = None) -> dict[str, Any
         with ChainReader(store) as chains:
             manifest = chains.manifest(step)  # validated; the data files have the sizes it says
             tree = plain_tree(manifest) if rank is None else manifest.tree_of(rank)
-            maps: dict[str, mmap.mmap] = {}
+            maps: dict[tuple[int, str], mmap.mmap] = {}
             values: list[Any] = [None] * len(manifest.payloads)
             for i in sorted(array_ids(tree)):
                 entry = manifest.payloads[i]
-                if _mappable(entry):
-                    region = maps.get(entry.file)
-                    if region is None:
-                        region = maps[entry.file] = _map(store, manifest, entry.file)
-                    values[i] = to_value(entry.kind, entry.dtype, _view(region, entry, manifest), True)
-                else:
+                if not _mappable(entry):
                     values[i] = read_value(chains, manifest, entry, True)
+                    continue
+                at, own = chains.owner(step, entry)  # a reference: mapped from the step holding it
+                holder = chains.manifest(at)
+                region = maps.get((at, own.file))
+                if region is None:
+                    region = maps[at, own.file] = _map(store, holder, own.file)
+                try:
+                    values[i] = to_value(entry.kind, entry.dtype, _view(region, own, holder), True)
+                except CorruptCheckpointError as exc:
+                    if at == step:
+                        raise
+                    where = f"checkpoint step {step}: payload '{entry.path}'"
+                    raise referred_damage(where, at, exc) from None
     except OSError as exc:
         raise reading_error(exc, store, step) from None
     return state_of(tree, values, step)

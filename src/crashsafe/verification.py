@@ -1,9 +1,11 @@
 """Check committed steps the way a load reads them: manifest, files, checksums and decoding.
 
-Verification decodes every payload through its delta chain, exactly as ``load`` does, so a step
-reported intact is a step that loads. It streams: one payload is decoded at a time (raw payloads
-are checksummed through a small buffer without being held), and consecutive steps share the
-reconstruction of each delta-coded path so every chain link is decoded once.
+Verification decodes every payload through its delta chain and references, exactly as ``load``
+does, so a step reported intact is a step that loads: bytes a step refers to are checked as the
+bytes of the step holding them (once per pass, however many steps refer to them). It streams: one
+payload is decoded at a time (raw payloads are checksummed through a small buffer without being
+held), and consecutive steps share the reconstruction of each delta-coded path so every chain link
+is decoded once.
 """
 
 from __future__ import annotations
@@ -31,9 +33,11 @@ class StepReport:
     raw_bytes: int = 0
     stored_bytes: int = 0
     created: float | None = None
-    bases: frozenset[int] = frozenset()  # earlier steps its delta payloads need
+    bases: frozenset[int] = frozenset()  # earlier steps it needs: delta bases and the steps it refers to
     metrics: dict[str, Any] = field(default_factory=dict)  # what the step was saved with
     saved_as: str | None = None  # a Lightning checkpoint's file name (Manifest.saved_as)
+    references: frozenset[int] = frozenset()  # earlier steps whose bytes its references are
+    referenced_bytes: int = 0  # stored bytes of its references (held by those steps, not in stored_bytes)
 
 
 @dataclass(frozen=True)
@@ -95,7 +99,9 @@ def _verify_step(chains: ChainReader, step: int) -> StepReport | None:
         check_shards(m)  # as every load of a sharded array does
         bases = direct_bases(m)
         sizes = (m.raw_nbytes, m.stored_nbytes, m.created)
-        return StepReport(step, True, None, *sizes, bases, m.metrics, m.saved_as)
+        return StepReport(
+            step, True, None, *sizes, bases, m.metrics, m.saved_as, m.references, m.referenced_nbytes
+        )
     except CorruptCheckpointError as exc:
         return StepReport(step, False, str(exc), stored_bytes=chains.store.stored_bytes(step))
     except NoCheckpointError:

@@ -30,7 +30,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("crashsafe.codecs", "crashsafe.policies"),
     ("crashsafe.format",),
     ("crashsafe.state", "crashsafe.storage"),
-    ("crashsafe.encoding", "crashsafe.chain", "crashsafe.step_facts"),
+    ("crashsafe.encoding", "crashsafe.chain", "crashsafe.references", "crashsafe.step_facts"),
     ("crashsafe.distributed",),
     (
         "crashsafe.verification",

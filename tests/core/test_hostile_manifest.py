@@ -453,6 +453,50 @@ def test_re_signed_mutations_of_a_chunked_manifest_load_or_are_corrupt_checkpoin
     _mutate_re_sign_and_load(data, chunked_body(), chunk_values)
 
 
+# ------------------------------------------------------------------------------ references (version 4)
+
+
+def references_body(distributed: bool) -> Body:
+    """A valid version 4 manifest: step 2 whose first payload refers to step 1's bytes (a file of
+    step 1, in no table of step 2), in one process's layout or the ranks' (with chunk checksums)."""
+    body = chunked_body() if distributed else valid_body()
+    body["payloads"][0].update(ref=1, file="data-held.bin")
+    body["info"] = {**body["info"], "base_created.1": 0.5}
+    body["version"] = REFERENCES_VERSION
+    return body
+
+
+@pytest.mark.parametrize("distributed", [False, True], ids=["tree", "trees"])
+def test_a_version_4_body_loads_in_either_layout(distributed: bool) -> None:
+    manifest = loads(signed(references_body(distributed)))
+    assert manifest.payloads[0].ref == 1 and manifest.references == {1} and manifest.world == 1 + distributed
+    assert json.loads(dumps(manifest))["version"] == REFERENCES_VERSION and loads(dumps(manifest)) == manifest
+
+
+@pytest.mark.parametrize("version", [1, 2, 3])
+def test_a_reference_in_versions_1_to_3_is_refused(version: int) -> None:
+    body = references_body(version > 1)
+    body["version"] = version
+    message = "refers to another step's bytes, which versions 1 to 3 do not have"
+    with pytest.raises(cs.CorruptCheckpointError, match=message):
+        loads(signed(body))
+
+
+def test_version_4_has_one_layout_at_a_time() -> None:
+    body = references_body(False)
+    body["trees"] = [body["tree"]]
+    with pytest.raises(cs.CorruptCheckpointError, match="unexpected fields"):
+        loads(signed(body))
+
+
+@HOSTILE
+@given(data=st.data(), distributed=st.booleans())
+def test_re_signed_mutations_of_a_version_4_manifest_load_or_are_corrupt_checkpoint_errors(
+    data: st.DataObject, distributed: bool
+) -> None:
+    _mutate_re_sign_and_load(data, references_body(distributed), nasty_values | chunk_values)
+
+
 # ------------------------------------------------------------------------------ end to end
 
 

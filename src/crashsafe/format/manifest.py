@@ -35,9 +35,9 @@ __all__ = [
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "MANIFEST_NAME",
+    "REFERENCES_VERSION",
     "Manifest",
     "PayloadEntry",
-    "REFERENCES_VERSION",
     "base_mark",
     "check_written",
     "checked_step",
@@ -404,7 +404,7 @@ def _payload(
     ref = None
     if "ref" in raw:
         if not refs:
-            raise _bad(where, f"{at}: refers to another step's bytes, which format versions 1 to 3 do not have")
+            raise _bad(where, f"{at}: refers to another step's bytes, which versions 1 to 3 do not have")
         ref = _int(raw["ref"], f"{at} referenced step", where)
         if ref >= step:
             raise _bad(where, f"{at}: refers to step {ref}, which is not earlier than step {step}")
