@@ -232,3 +232,22 @@ def test_verify_checks_bytes_several_steps_refer_to_once_per_pass(tmp_path: Path
     with pytest.warns(cs.CorruptCheckpointWarning):
         assert cs.CheckpointManager(tmp_path, read_only=True).restore(live) == 10
     _same(live, state(10, 10))
+
+
+def test_a_step_asked_for_whose_referenced_bytes_are_damaged_leaves_the_live_state_as_it_was(
+    tmp_path: Path,
+) -> None:
+    """restore(step=30) has nothing to fall back to: every checksum is checked before a byte goes
+    into live memory, those of the bytes it refers to (in step 20) too."""
+    _run(tmp_path)
+    holder = cs.CheckpointManager(tmp_path, read_only=True).manifest(20)
+    w = next(p for p in holder.payloads if p.path == "base.w")
+    data = step_dir(tmp_path, 20) / w.file
+    raw = bytearray(data.read_bytes())
+    raw[w.offset + w.nbytes - 1] ^= 0xFF  # the last byte: read after the rest went in, unless checked first
+    data.write_bytes(bytes(raw))
+    live = state(0, 0)
+    damaged = "payload 'base.w' refers to step 20, which is damaged"
+    with pytest.raises(cs.CorruptCheckpointError, match=damaged):
+        cs.CheckpointManager(tmp_path, read_only=True).restore(live, step=30)
+    _same(live, state(0, 0))
