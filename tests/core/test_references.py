@@ -251,3 +251,29 @@ def test_a_step_asked_for_whose_referenced_bytes_are_damaged_leaves_the_live_sta
     with pytest.raises(cs.CorruptCheckpointError, match=damaged):
         cs.CheckpointManager(tmp_path, read_only=True).restore(live, step=30)
     _same(live, state(0, 0))
+
+
+class _HostUpload:
+    """The calls ``ChainReader.decode(upload=)`` makes of a DeviceUpload, into host memory."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.target = np.zeros(nbytes, dtype=np.uint8)
+
+    def fill(self, nbytes: int, read: Any) -> None:
+        for at in range(0, nbytes, 1000):
+            read(self.target[at : min(at + 1000, nbytes)])
+
+    def put(self, host: np.ndarray[Any, Any]) -> None:
+        self.target[:] = np.ascontiguousarray(host).reshape(-1).view(np.uint8)
+
+
+@pytest.mark.parametrize("codec", [None, "zstd"], ids=["raw", "zstd"])
+def test_an_upload_to_device_memory_reads_through_references(tmp_path: Path, codec: Any) -> None:
+    """What a CUDA restore does with a reference (tests/gpu/test_cuda_references.py on a GPU): raw
+    bytes streamed from the step holding them, checksummed as they land; others decoded, then put."""
+    _run(tmp_path, codec)
+    with ChainReader(LocalStore(tmp_path)) as chains:
+        entry = next(p for p in chains.manifest(30).payloads if p.path == "base.w")
+        upload = _HostUpload(64 * 32 * 4)
+        chains.decode(30, entry, upload=upload)  # type: ignore[arg-type]
+        assert np.all(upload.target.view(np.float32) == 20.0)
