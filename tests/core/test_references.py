@@ -22,7 +22,7 @@ from crashsafe.format.manifest import MANIFEST_NAME, Manifest, PayloadEntry, bas
 from crashsafe.storage.layout import step_dir
 from crashsafe.storage.local import LocalStore
 from crashsafe.storage.reader import StepReader
-from crashsafe.storage.writer import StepWriter
+from crashsafe.storage.writer import StepWriter, delete_steps
 
 from ..refsteps import commit_references
 
@@ -228,10 +228,29 @@ def test_verify_checks_bytes_several_steps_refer_to_once_per_pass(tmp_path: Path
     for damaged in report.damaged[1:]:
         assert "refers to step 20, which is damaged: checkpoint step 20" in (damaged.problem or "")
         assert "fails its checksum" in (damaged.problem or "")
+    with pytest.raises(cs.CorruptCheckpointError, match="refers to step 20, which is damaged: .* fails its"):
+        cs.CheckpointManager(tmp_path, read_only=True).load(40, mmap=True)
     live = state(0, 0)
     with pytest.warns(cs.CorruptCheckpointWarning):
         assert cs.CheckpointManager(tmp_path, read_only=True).restore(live) == 10
     _same(live, state(10, 10))
+
+
+def test_steps_a_read_refers_to_stay_readable_once_opened_though_a_writer_deletes_them(
+    tmp_path: Path,
+) -> None:
+    """open_chains (restore's phase 1) opens the step a payload refers to as well: a writer that
+    deletes both steps afterwards cannot take the bytes away mid-read (a local step)."""
+    _run(tmp_path)
+    store = LocalStore(tmp_path)
+    with ChainReader(store) as chains:
+        payloads = chains.manifest(30).payloads
+        chains.open_chains(30, payloads)
+        delete_steps(store, [20, 30])
+        assert store.steps() == [10]
+        values = {p.path: chains.decode(30, p) for p in payloads}
+    assert np.all(values["base.w"] == 20.0) and np.array_equal(values["head"], state(30, 20)["head"])
+    store.close()
 
 
 def test_a_step_asked_for_whose_referenced_bytes_are_damaged_leaves_the_live_state_as_it_was(
