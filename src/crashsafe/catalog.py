@@ -1,8 +1,9 @@
 """What a writer knows of its store's committed steps, and how it deletes them.
 
-Each step's delta bases and facts (commit time, metrics) are cached from the manifests the writer
-commits, or read once; retention deletes what its policy drops but never a step that a kept step's
-delta chain needs, dependants before their bases, each step renamed out of view before its files go.
+Each step's delta bases and referenced steps ("bases": what it needs) and facts (commit time,
+metrics) are cached from the manifests the writer commits, or read once; retention deletes what its
+policy drops but never a step that a kept step's delta chain or references need, dependants before
+their bases, each step renamed out of view before its files go.
 The manager keeps one catalog for its store, the mirror one for the mirror's.
 """
 
@@ -21,11 +22,11 @@ __all__ = ["Catalog"]
 
 
 class Catalog:
-    """The committed steps of ``store``: their delta bases and facts, and crash-safe deletion."""
+    """The committed steps of ``store``: the steps each needs and its facts, and crash-safe deletion."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        self.bases: dict[int, frozenset[int]] = {}  # step -> the steps its deltas need
+        self.bases: dict[int, frozenset[int]] = {}  # step -> the steps its deltas and references need
         self.facts: dict[int, StepFacts] = {}  # step -> its commit time and metrics
 
     def committed(self, manifest: Manifest) -> None:
@@ -34,7 +35,7 @@ class Catalog:
         self.facts[manifest.step] = StepFacts(manifest.created, manifest.metrics)
 
     def needed(self, steps: Iterable[int]) -> frozenset[int]:
-        """The steps ``steps``' delta chains run through (themselves included)."""
+        """The steps ``steps``' delta chains and references run through (not themselves)."""
         return protected_steps(self.store, steps, self.bases)
 
     def retain(self, policy: KeepPolicy | None, keep: Collection[int] = ()) -> list[int]:
@@ -61,20 +62,21 @@ class Catalog:
         needed = sorted(self.needed(s for s in committed if s not in doomed) & set(doomed))
         if needed:
             raise CrashsafeError(
-                f"cannot delete step {needed[0]}: a step that stays is a delta of it. Delete the steps "
-                "that depend on it too, or keep it"
+                f"cannot delete step {needed[0]}: a step that stays is a delta of it or refers to its "
+                "bytes. Delete the steps that depend on it too, or keep it"
             )
         self.delete(doomed)
 
     def make_room(self, step: int, intact: Callable[[list[int]], bool], where: str) -> None:
-        """Before ``step`` is saved again: delete it if it is damaged and no intact step is a delta
-        of it (``intact(steps)``: whether those steps verify); else CheckpointExistsError."""
+        """Before ``step`` is saved again: delete it if it is damaged and no intact step needs it (a
+        delta of it, or a step referring to its bytes; ``intact(steps)``: whether those steps
+        verify); else CheckpointExistsError."""
         later = [s for s in self.store.steps() if s > step]  # none, unless the run went back
         needs = [s for s in later if step in self.needed([s])]
         if intact([step, *needs]):
             raise CheckpointExistsError(
                 f"step {step} is already committed in {where} (or it is damaged, but a newer intact step "
-                "is a delta of it); committed checkpoints are never overwritten. Save under a new step, "
+                "needs it); committed checkpoints are never overwritten. Save under a new step, "
                 "or delete it with `crashsafe gc`."
             )
         self.delete([step])

@@ -1,7 +1,8 @@
 """Which tensors and values differ between two committed steps, and by how much.
 
 Both steps are read the way ``CheckpointManager.load`` reads them (checksums verified, delta chains
-followed, any store, a distributed step as whole tensors), so a diff shows what a restore would get.
+and references to earlier steps' bytes followed, any store, a distributed step as whole tensors), so
+a diff shows what a restore would get.
 Each path of either state gets one :class:`PathDiff`: only in A, only in B, dtype or shape changed,
 bit-identical, or different with the count of changed elements and the max/mean absolute difference.
 """

@@ -3,6 +3,8 @@
 Tensors are named by their dotted state paths; ``prefix`` selects the ones under it and is
 stripped, so ``prefix="model."`` gives the names ``model.state_dict()`` has and the file loads with
 ``load_state_dict(strict=True)``. Views (tied weights) are exported under each of their names.
+Every tensor is read through its delta chain and references, so the file holds every byte it
+exports: it stands alone, even where the step keeps bytes in earlier steps (docs/format.md).
 """
 
 from __future__ import annotations

@@ -3,12 +3,14 @@ background, verified after upload, and pruned there by its own retention.
 
 Training never waits for the mirror: a step is handed over once it is committed locally, and a
 background thread uploads steps oldest first, so a delta's base always reaches the mirror before
-the delta. That thread and the I/O threads it starts run at a lower CPU priority
+the delta, and the step holding bytes that later steps refer to before them (those bytes are
+uploaded once). That thread and the I/O threads it starts run at a lower CPU priority
 (:mod:`crashsafe.storage.background`), so reading, checksumming and uploading a step take the
 cores only when training leaves them. Until a step is mirrored, local retention keeps it (and its
-bases); a step counts as mirrored only once the mirror's bytes of it are known intact: read back
-and checksummed after its upload, or, for a step the mirror already held when the manager opened,
-read back and checksummed then (a manifest that matches says nothing of the shards). A failed
+bases, and the steps it refers to); a step counts as mirrored only once the mirror's bytes of it
+are known intact: read back and checksummed after its upload, or, for a step the mirror already
+held when the manager opened, read back and checksummed then (a manifest that matches says
+nothing of the shards), and its references hold there. A failed
 upload is reported as a :class:`MirrorWarning` at the next save and retried then; nothing local is
 at risk. A mirror whose lease expired while it did not answer uploads again once a renewal goes
 through; one whose lease another writer took stays stale, and says so at each save and at close.
@@ -20,12 +22,14 @@ leftovers) at the next save that finds it answering, as after an outage.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
 
 from crashsafe._log import logger, warn
 from crashsafe.catalog import Catalog
+from crashsafe.chain import ChainReader
 from crashsafe.errors import (
     CorruptCheckpointError,
     CrashsafeError,
@@ -33,8 +37,9 @@ from crashsafe.errors import (
     NoCheckpointError,
     StorageError,
 )
-from crashsafe.format.manifest import Manifest, PayloadEntry
+from crashsafe.format.manifest import Manifest, PayloadEntry, base_mark
 from crashsafe.policies.keep import KeepPolicy
+from crashsafe.references import Parts
 from crashsafe.storage.background import lower_thread_priority
 from crashsafe.storage.base import Lock, Store
 from crashsafe.storage.reader import StepReader, read_manifest
@@ -47,41 +52,68 @@ MIRROR_NICE = 10  # the mirror's threads get ~1/10 of a core against a training 
 
 
 def copy_step(source: Store, target: Store, step: int) -> None:
-    """Copy one committed step: every payload read and checksummed from ``source``, written to
-    ``target`` (packed the target's way), committed there, then read back and checksummed."""
+    """Copy one committed step: every payload it owns read and checksummed from ``source``, written
+    to ``target`` (packed the target's way), committed there, then read back and checksummed. A
+    reference is copied as a reference to the target's copy of the step holding its bytes (copied
+    before it, oldest first: those bytes are uploaded once, with that step), checked there."""
     with StepReader(source, step) as reader:
         writer = StepWriter(target, step)
         try:
-            entries = []
+            entries: list[PayloadEntry] = []
+            holders: dict[int, Parts] = {}
             for entry in reader.manifest.payloads:
+                if entry.ref is not None:
+                    entries.append(_referred(target, holders, reader.manifest, entry))
+                    continue
                 chunk = None if entry.chunks is None else entry.chunks.size
                 put = writer.write_payload(reader.read_stored(entry).data, chunk=chunk)
                 assert put.xxh3 == entry.xxh3 and put.nbytes == entry.nbytes
-                entries.append(_moved(entry, put.file, put.offset))
-            m = reader.manifest
-            copy = Manifest(m.step, m.created, m.tree, tuple(entries), writer.files(), m.metrics, m.info)
+                entries.append(dataclasses.replace(entry, file=put.file, offset=put.offset))
+            copy = dataclasses.replace(reader.manifest, payloads=tuple(entries), files=writer.files())
             writer.commit(copy)
         except BaseException:
             writer.abort()
             raise
-    with StepReader(target, step) as uploaded:
-        for entry in uploaded.manifest.payloads:
-            uploaded.check_stored(entry)
+    _check_copy(target, step)
 
 
-def _moved(entry: PayloadEntry, file: str, offset: int) -> PayloadEntry:
-    return PayloadEntry(
-        entry.path,
-        entry.kind,
-        entry.dtype,
-        entry.shape,
-        file,
-        offset,
-        entry.nbytes,
-        entry.xxh3,
-        entry.codec,
-        entry.base,
-    )
+def _referred(
+    target: Store, holders: dict[int, Parts], manifest: Manifest, entry: PayloadEntry
+) -> PayloadEntry:
+    """Reference ``entry`` of ``manifest`` as ``target`` holds it: the target's own entry of the
+    very save of the step it refers to, for the same bytes (it may pack them elsewhere). ``holders``
+    keeps the target's holder steps read so far."""
+    ref = entry.ref
+    assert ref is not None
+    if ref not in holders:
+        try:
+            holders[ref] = Parts(read_manifest(target, ref))
+        except (CorruptCheckpointError, NoCheckpointError) as exc:
+            raise CrashsafeError(
+                f"step {manifest.step} refers to the bytes of step {ref}, which the mirror does not hold "
+                f"intact ({exc}): step {manifest.step} is mirrored once step {ref} is"
+            ) from None
+    holder = holders[ref]
+    same = holder.find(entry)
+    moved = [dataclasses.replace(p, file=entry.file, offset=entry.offset) for p in same]
+    mark = manifest.info.get(base_mark(ref))
+    if holder.manifest.created != mark or moved != [dataclasses.replace(entry, ref=None)]:
+        raise CrashsafeError(
+            f"step {manifest.step} refers to the bytes of step {ref}, and the mirror's step {ref} is another "
+            f"save or holds other bytes: step {manifest.step} is not mirrored"
+        )
+    return dataclasses.replace(same[0], ref=ref)
+
+
+def _check_copy(store: Store, step: int) -> None:
+    """Checksum every payload ``step`` owns in ``store``, and check that each of its references
+    holds there (the bytes it refers to are checked as those of the step that holds them)."""
+    with StepReader(store, step) as copy, ChainReader(store) as chains:
+        for entry in copy.manifest.payloads:
+            if entry.ref is None:
+                copy.check_stored(entry)
+            else:
+                chains.owner(step, entry)
 
 
 class Mirror:
@@ -270,11 +302,10 @@ class Mirror:
 
     def _damage(self, step: int) -> str | None:
         """What is wrong with the mirror's bytes of ``step`` (each payload read back and
-        checksummed), or None: a matching manifest says nothing of the shards it names."""
+        checksummed, each reference checked), or None: a matching manifest says nothing of the shards
+        it names."""
         try:
-            with StepReader(self._target, step) as copy:
-                for entry in copy.manifest.payloads:
-                    copy.check_stored(entry)
+            _check_copy(self._target, step)
         except CorruptCheckpointError as exc:
             return str(exc)
         return None
@@ -283,9 +314,7 @@ class Mirror:
         """Delete the mirror's damaged copy of ``step`` once the local copy is known intact (it is
         the same save, byte for byte by its checksums: steps that need it as a delta base read it
         again once the copy is uploaded)."""
-        with StepReader(self.local, step) as mine:
-            for entry in mine.manifest.payloads:
-                mine.check_stored(entry)
+        _check_copy(self.local, step)
         self._note(
             f"the mirror's copy of step {step} in {self.remote.location} is damaged ({problem}); "
             "it is replaced by the local copy, which stays until the new upload is verified"
@@ -293,13 +322,14 @@ class Mirror:
         self._catalog.delete([step])
 
     def _drop_stale(self, step: int) -> None:
-        """Delete the mirror's older save of ``step``, unless a mirrored step needs it as a delta base."""
+        """Delete the mirror's older save of ``step``, unless a mirrored step needs it (a delta base,
+        or a step whose bytes it refers to)."""
         others = set(self._target.steps()) - {step}
         if step in self._catalog.needed(others):
             raise CrashsafeError(
                 f"the mirror's step {step} is an older save than the local one, and mirrored steps "
-                "need it as a delta base: the local step is not mirrored. Delete the mirror's later "
-                "steps (crashsafe gc on the mirror) to let it through"
+                "need it (as a delta base, or for the bytes they refer to): the local step is not "
+                "mirrored. Delete the mirror's later steps (crashsafe gc on the mirror) to let it through"
             )
         self._catalog.delete([step])
 

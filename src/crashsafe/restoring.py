@@ -19,11 +19,13 @@ live state ends wholly in the older step, never half old and half damaged. A ste
 behind it to fall back to (the oldest one, or the step that ``step=`` names) is verified completely
 before its first byte goes into live memory, so its damage leaves the live state unchanged.
 
-A step that a writer deletes while it is read counts like damage here. Phase 1 opens every step
-the payloads' delta chains run through, and a local step's open files stay readable after it is
-deleted, so a local step found in phase 1 is read to its end; one deleted before that vanishes
-before anything live is changed, and restore tries the newest step listed afresh. (An object
-store's objects go with the step: a step deleted in phase 2 there is fallen back from like damage.)
+A payload that refers to an earlier step's bytes (format version 4) is read from that step, as
+its own payload, checked as every payload is. A step that a writer deletes while it is read counts
+like damage here. Phase 1 opens every step the payloads' delta chains and references run through,
+and a local step's open files stay readable after it is deleted, so a local step found in phase 1
+is read to its end; one deleted before that vanishes before anything live is changed, and restore
+tries the newest step listed afresh. (An object store's objects go with the step: a step deleted
+in phase 2 there is fallen back from like damage.)
 
 Two cases remain, and the error says the live state was changed and by which step: the newest step
 is damaged (or deleted, on an object store) after it changed the live state, and every step

@@ -22,7 +22,7 @@ from crashsafe.format.manifest import MANIFEST_NAME, Manifest, PayloadEntry, bas
 from crashsafe.storage.layout import step_dir
 from crashsafe.storage.local import LocalStore
 from crashsafe.storage.reader import StepReader
-from crashsafe.storage.writer import StepWriter
+from crashsafe.storage.writer import StepWriter, delete_steps
 
 from ..refsteps import commit_references
 
@@ -228,7 +228,71 @@ def test_verify_checks_bytes_several_steps_refer_to_once_per_pass(tmp_path: Path
     for damaged in report.damaged[1:]:
         assert "refers to step 20, which is damaged: checkpoint step 20" in (damaged.problem or "")
         assert "fails its checksum" in (damaged.problem or "")
+    with pytest.raises(cs.CorruptCheckpointError, match="refers to step 20, which is damaged: .* fails its"):
+        cs.CheckpointManager(tmp_path, read_only=True).load(40, mmap=True)
     live = state(0, 0)
     with pytest.warns(cs.CorruptCheckpointWarning):
         assert cs.CheckpointManager(tmp_path, read_only=True).restore(live) == 10
     _same(live, state(10, 10))
+
+
+def test_steps_a_read_refers_to_stay_readable_once_opened_though_a_writer_deletes_them(
+    tmp_path: Path,
+) -> None:
+    """open_chains (restore's phase 1) opens the step a payload refers to as well: a writer that
+    deletes both steps afterwards cannot take the bytes away mid-read (a local step)."""
+    _run(tmp_path)
+    store = LocalStore(tmp_path)
+    with ChainReader(store) as chains:
+        payloads = chains.manifest(30).payloads
+        chains.open_chains(30, payloads)
+        delete_steps(store, [20, 30])
+        assert store.steps() == [10]
+        values = {p.path: chains.decode(30, p) for p in payloads}
+    assert np.all(values["base.w"] == 20.0) and np.array_equal(values["head"], state(30, 20)["head"])
+    store.close()
+
+
+def test_a_step_asked_for_whose_referenced_bytes_are_damaged_leaves_the_live_state_as_it_was(
+    tmp_path: Path,
+) -> None:
+    """restore(step=30) has nothing to fall back to: every checksum is checked before a byte goes
+    into live memory, those of the bytes it refers to (in step 20) too."""
+    _run(tmp_path)
+    holder = cs.CheckpointManager(tmp_path, read_only=True).manifest(20)
+    w = next(p for p in holder.payloads if p.path == "base.w")
+    data = step_dir(tmp_path, 20) / w.file
+    raw = bytearray(data.read_bytes())
+    raw[w.offset + w.nbytes - 1] ^= 0xFF  # the last byte: read after the rest went in, unless checked first
+    data.write_bytes(bytes(raw))
+    live = state(0, 0)
+    damaged = "payload 'base.w' refers to step 20, which is damaged"
+    with pytest.raises(cs.CorruptCheckpointError, match=damaged):
+        cs.CheckpointManager(tmp_path, read_only=True).restore(live, step=30)
+    _same(live, state(0, 0))
+
+
+class _HostUpload:
+    """The calls ``ChainReader.decode(upload=)`` makes of a DeviceUpload, into host memory."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.target = np.zeros(nbytes, dtype=np.uint8)
+
+    def fill(self, nbytes: int, read: Any) -> None:
+        for at in range(0, nbytes, 1000):
+            read(self.target[at : min(at + 1000, nbytes)])
+
+    def put(self, host: np.ndarray[Any, Any]) -> None:
+        self.target[:] = np.ascontiguousarray(host).reshape(-1).view(np.uint8)
+
+
+@pytest.mark.parametrize("codec", [None, "zstd"], ids=["raw", "zstd"])
+def test_an_upload_to_device_memory_reads_through_references(tmp_path: Path, codec: Any) -> None:
+    """What a CUDA restore does with a reference (tests/gpu/test_cuda_references.py on a GPU): raw
+    bytes streamed from the step holding them, checksummed as they land; others decoded, then put."""
+    _run(tmp_path, codec)
+    with ChainReader(LocalStore(tmp_path)) as chains:
+        entry = next(p for p in chains.manifest(30).payloads if p.path == "base.w")
+        upload = _HostUpload(64 * 32 * 4)
+        chains.decode(30, entry, upload=upload)  # type: ignore[arg-type]
+        assert np.all(upload.target.view(np.float32) == 20.0)

@@ -12,9 +12,11 @@ from typing import Any
 import numpy as np
 
 import crashsafe as cs
-from crashsafe.format.manifest import CHUNKED_VERSION, MANIFEST_NAME
+from crashsafe.format.manifest import CHUNKED_VERSION, MANIFEST_NAME, REFERENCES_VERSION
 from crashsafe.loading import array_ids
 from crashsafe.storage.layout import step_dir
+
+from ..refsteps import commit_references
 
 # A hidden layer 4096 wide: its weight's saved shards are 64 KiB, in 16 chunks of 4 KiB each
 WIDE = {"JOB_WIDTH": "4096", "JOB_CHUNK_BYTES": "4096"}
@@ -60,6 +62,27 @@ def test_four_ranks_read_their_share_of_two_ranks_shards_bit_identically(tmp_pat
     body = json.loads((step_dir(directory, 6) / MANIFEST_NAME).read_text())
     assert body["version"] == CHUNKED_VERSION
     assert all(p.chunks is not None and p.chunks.size == 4096 for p in shards)
+
+
+def test_four_ranks_read_their_share_through_references_to_two_ranks_shards(
+    tmp_path: Path, launch: Any
+) -> None:
+    """Step 9 refers to every payload of step 6 (format version 4, as an unchanged state is saved):
+    4 ranks restore it bit-identically, each reading from step 6's files only the chunks of the
+    saved shards that hold its part, as they would of step 6 itself."""
+    directory = _saved_by_two(launch, tmp_path)
+    commit_references(directory, 9, 6)
+    assert json.loads((step_dir(directory, 9) / MANIFEST_NAME).read_text())["version"] == REFERENCES_VERSION
+    env = dict.fromkeys(range(4), WIDE)
+    lines = _lines(launch("reshard.py", 4, directory, tmp_path / "four", tmp_path / "four.npz", env_of=env))
+    _same(tmp_path / "two.npz", tmp_path / "four.npz")
+    manifest = cs.CheckpointManager(directory, read_only=True).manifest(9)
+    assert manifest.stored_nbytes == 0 and manifest.references == {6}
+    for rank, line in enumerate(lines):
+        used = [manifest.payloads[i] for i in array_ids(manifest.tree_of(rank))]
+        unsharded = sum(p.nbytes for p in used if p.shard is None)
+        assert line["held"] + unsharded <= line["read"] <= line["held"] + unsharded + 2 * 4096, (rank, line)
+    assert cs.verify(directory).ok
 
 
 def test_a_damaged_chunk_that_one_of_four_ranks_reads_makes_every_rank_fall_back(

@@ -11,6 +11,7 @@ import json
 import os
 import stat
 import time
+from collections.abc import Iterable
 from typing import Annotated, Any
 
 import typer
@@ -40,6 +41,7 @@ __all__ = [
     "nested_store",
     "parse_options",
     "progress_bar",
+    "referred",
     "step_option",
 ]
 
@@ -191,6 +193,14 @@ def human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} TiB"
+
+
+def referred(nbytes: int, steps: Iterable[int]) -> str:
+    """The bytes a step refers to and the steps holding them: '409.6 MiB (step 10)', or '-'."""
+    held = sorted(steps)
+    if not held:
+        return "-"
+    return f"{human_bytes(nbytes)} ({'step' if len(held) == 1 else 'steps'} {', '.join(map(str, held))})"
 
 
 def age(created: float | None) -> str:

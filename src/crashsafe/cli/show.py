@@ -21,6 +21,7 @@ from crashsafe.cli._common import (
     human_bytes,
     locate,
     parse_options,
+    referred,
 )
 from crashsafe.cli._tables import Column, print_table
 from crashsafe.errors import CrashsafeError
@@ -46,6 +47,7 @@ def _payload_json(p: PayloadEntry) -> dict[str, Any]:
         "shape": list(p.shape),
         "codec": p.codec,
         "base": p.base,
+        "ref": p.ref,
         "raw_bytes": p.raw_nbytes,
         "stored_bytes": p.nbytes,
         "rank": p.rank,
@@ -75,7 +77,8 @@ def show_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Show a step: the metrics and info it was saved with, and its tensors: path, dtype, shape,
-    codec (and delta base), bytes, ratio (with --path, only the paths that match)."""
+    codec (and delta base, and the earlier step holding the bytes of a tensor it refers to), bytes,
+    ratio (with --path, only the paths that match)."""
     from crashsafe.manager import CheckpointManager
 
     directory = locate(directory)
@@ -99,6 +102,8 @@ def show_cmd(
                 "info": manifest.info,
                 "raw_bytes": manifest.raw_nbytes,
                 "stored_bytes": manifest.stored_nbytes,
+                "referenced_bytes": manifest.referenced_nbytes,
+                "references": sorted(manifest.references),
                 "tensors": [_payload_json(p) for p in shown],
             }
         )
@@ -126,14 +131,18 @@ def _matching(payloads: tuple[PayloadEntry, ...], patterns: list[str] | None) ->
 
 def _summary(directory: str, m: Manifest) -> None:
     when = datetime.datetime.fromtimestamp(m.created).isoformat(sep=" ", timespec="seconds")
-    ratio = f" ({m.raw_nbytes / m.stored_nbytes:.2f}x)" if m.stored_nbytes else ""
+    held = m.stored_nbytes + m.referenced_nbytes
+    ratio = f" ({m.raw_nbytes / held:.2f}x)" if held else ""
     ranks = f", saved by {m.world} ranks" if m.world > 1 else ""
+    stored = f"{human_bytes(m.stored_nbytes)} stored{ratio}"
+    if m.references:  # what the step owns, and what it refers to in earlier steps (format version 4)
+        refers = referred(m.referenced_nbytes, m.references)
+        stored = f"owned {human_bytes(m.stored_nbytes)}, referenced {refers}{ratio}"
     lines = [
         f"step {m.step} of {directory}",
         *([f"Lightning checkpoint file {m.saved_as}"] if m.saved_as else []),
         f"saved {when} ({age(m.created)} ago){ranks}",
-        f"{len(m.payloads)} tensors, {human_bytes(m.raw_nbytes)} raw, "
-        f"{human_bytes(m.stored_nbytes)} stored{ratio}",
+        f"{len(m.payloads)} tensors, {human_bytes(m.raw_nbytes)} raw, {stored}",
         f"metrics: {_pairs(m.metrics) or 'none (pass metrics= to save)'}",
         f"info: {_pairs(m.info) or 'none'}",
     ]
@@ -144,6 +153,7 @@ def _summary(directory: str, m: Manifest) -> None:
 def _tensors(m: Manifest, payloads: list[PayloadEntry]) -> None:
     distributed = any(p.rank is not None for p in m.payloads)
     sharded = any(p.shard is not None for p in m.payloads)
+    refers = bool(m.references)
     columns = [
         Column("path", folds=True, breaks=".", min_width=40),
         Column("kind", drop=9),
@@ -153,6 +163,7 @@ def _tensors(m: Manifest, payloads: list[PayloadEntry]) -> None:
         *([Column("of global", drop=4)] if sharded else []),
         Column("codec", folds=True, breaks=",(", min_width=20, drop=5),
         Column("delta of", right=True, drop=6),
+        *([Column("held by", right=True, drop=3)] if refers else []),
         Column("raw", right=True, drop=8),
         Column("stored", right=True, drop=2),
         Column("ratio", right=True, drop=7),
@@ -169,6 +180,7 @@ def _tensors(m: Manifest, payloads: list[PayloadEntry]) -> None:
                 *([_placement(p)] if sharded else []),
                 _codec(p.codec),
                 "-" if p.base is None else f"step {p.base}",
+                *(["-" if p.ref is None else f"step {p.ref}"] if refers else []),
                 human_bytes(p.raw_nbytes),
                 human_bytes(p.nbytes),
                 f"{p.raw_nbytes / p.nbytes:.2f}x" if p.nbytes else "-",

@@ -26,6 +26,7 @@ from crashsafe.cli._common import (
     nested_store,
     parse_options,
     progress_bar,
+    referred,
 )
 from crashsafe.cli._tables import Cell, Column, print_table
 from crashsafe.cli.keep import (
@@ -81,6 +82,8 @@ def report_json(r: StepReport) -> dict[str, Any]:
         "bases": sorted(r.bases),
         "metrics": r.metrics,
         "saved_as": r.saved_as,
+        "references": sorted(r.references),
+        "referenced_bytes": r.referenced_bytes,
     }
 
 
@@ -171,8 +174,10 @@ def ls_cmd(
     columns += [  # a metric named "step" (older Hugging Face stores recorded HF's) is not the step
         Column(f"metric {k}" if k == "step" else k, right=True, drop=2 if k == metric else 5) for k in metrics
     ]
+    refers = any(r.references for r in chosen)  # steps that refer to earlier steps' bytes (format 4)
+    columns += [Column("stored", right=True, drop=7)]
+    columns += [Column("refers to", right=True, drop=4)] if refers else []
     columns += [
-        Column("stored", right=True, drop=7),
         Column("raw", right=True, drop=9),
         Column("ratio", right=True, drop=8),
         Column("age", right=True, drop=6),
@@ -188,11 +193,12 @@ def ls_cmd(
             cells.append(
                 Text(text + " (best)", style="bold green") if k == metric and r.step == best else text
             )
-        intact = r.ok and r.stored_bytes
+        held = r.stored_bytes + r.referenced_bytes  # what a load reads
+        cells += [human_bytes(r.stored_bytes)]
+        cells += [referred(r.referenced_bytes, r.references)] if refers else []
         cells += [
-            human_bytes(r.stored_bytes),
             human_bytes(r.raw_bytes) if r.ok else "-",
-            f"{r.raw_bytes / r.stored_bytes:.2f}x" if intact else "-",
+            f"{r.raw_bytes / held:.2f}x" if r.ok and held else "-",
             age(r.created),
             _status(on, mirror is not None),
         ]
@@ -233,7 +239,8 @@ def verify_cmd(directory: Dir, storage_options: OptionsOpt = None, as_json: Json
     else:
         for r in reports:
             if r.ok:
-                console.print(f"[green]ok[/]      step {r.step}  {human_bytes(r.stored_bytes)}")
+                refers = f", refers to {referred(r.referenced_bytes, r.references)}" if r.references else ""
+                console.print(f"[green]ok[/]      step {r.step}  {human_bytes(r.stored_bytes)}{refers}")
             else:
                 console.print(Text.assemble(("DAMAGED", "red"), f" step {r.step}: {r.problem}"))
         for name in report.leftovers:
