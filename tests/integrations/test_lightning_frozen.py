@@ -95,7 +95,8 @@ def _manifests(store: Path) -> dict[int, Any]:
 
 
 def _refs(manifest: Any) -> dict[str, int]:
-    return {p.path.removeprefix("lightning.state_dict."): p.ref for p in manifest.payloads if p.ref is not None}
+    prefix = "lightning.state_dict."
+    return {p.path.removeprefix(prefix): p.ref for p in manifest.payloads if p.ref is not None}
 
 
 def test_the_callback_refers_to_the_frozen_base_and_resumes_bit_identical(tmp_path: Path) -> None:

@@ -131,6 +131,10 @@ class CrashsafeCheckpointIO(CheckpointIO):
         in_flight: saves that may be copied but not yet committed, each with its own staging copy
             of the state (memory: ``in_flight`` copies). Two let ``save_last``'s second save of a
             step return without waiting for the first to commit; 1 keeps a single copy.
+
+    Every save copies and writes every tensor, frozen ones too (the manager sees the plugin's staging
+    copy, never the live tensors it could prove unchanged); ``CrashsafeCallback`` refers to a frozen
+    base instead (docs/integrations.md, "Fine-tuning").
     """
 
     def __init__(
