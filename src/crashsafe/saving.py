@@ -10,8 +10,6 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from crashsafe._cuda import is_cuda
 from crashsafe.distributed.saving import PLAN_LATER, Listing, ReplicaPlanner, Staged
 from crashsafe.state.snapshot import fast_copy

@@ -1,5 +1,6 @@
 """Hugging Face Trainer with crashsafe: resume after real SIGKILLs (bit-identical), tied weights
-stored once and restored shared, policy-driven saves."""
+stored once and restored shared, policy-driven saves, a LoRA fine-tune whose frozen base is saved
+once."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from typer.testing import CliRunner
 import crashsafe as cs
 from crashsafe.cli.app import app
 from crashsafe.integrations.transformers import CrashsafeTrainer
+from crashsafe.state.unchanged import MIN_BYTES
 from crashsafe.workloads import hf_tiny
 
 from .conftest import kill_after_commits, run_to_end
@@ -235,3 +237,80 @@ def test_a_second_trainer_on_one_directory_is_told_to_close_the_first(tmp_path: 
         _trainer(tmp_path, 4, 4)
     first.close()
     _trainer(tmp_path, 4, 4).close()
+
+
+def _lora(seed: int) -> Any:
+    """A 2-layer Llama of width 256 (frozen weights of 256 and 512 KiB) with LoRA on q and v (peft)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, max_position_embeddings=64,
+    )  # fmt: skip
+    lora = LoraConfig(r=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.1)
+    return get_peft_model(LlamaForCausalLM(config), lora)
+
+
+class _Steps(TrainerCallback):  # type: ignore[misc]
+    """Records the optimizer steps a run trains; stops it after step ``stop``."""
+
+    def __init__(self, stop: int | None = None) -> None:
+        self.stop = stop
+        self.trained: list[int] = []
+
+    def on_step_end(self, args: object, state: Any, control: Any, **kwargs: object) -> None:
+        self.trained.append(state.global_step)
+        if state.global_step == self.stop:
+            control.should_training_stop = True
+
+
+def _fine_tune(directory: Path, steps: _Steps, seed: int = 0, **kwargs: Any) -> CrashsafeTrainer:
+    trainer = CrashsafeTrainer(
+        model=_lora(seed), args=hf_tiny.training_args(directory, 8, 2), train_dataset=hf_tiny.TokenData(),
+        callbacks=[steps], **kwargs,
+    )  # fmt: skip
+    trainer.train(resume_from_checkpoint=True)
+    trainer.close()
+    return trainer
+
+
+def _references(directory: Path) -> dict[int, dict[str, int]]:
+    with cs.CheckpointManager(directory / "crashsafe", read_only=True) as mgr:
+        manifests = {step: mgr.manifest(step) for step in mgr.steps()}
+    return {step: {p.path: p.ref for p in m.payloads if p.ref is not None} for step, m in manifests.items()}
+
+
+def test_a_lora_fine_tune_saves_its_frozen_base_once_and_resumes_bit_identical(tmp_path: Path) -> None:
+    """After the first save each step refers to the frozen base and owns only the trainable part
+    (adapters, Adam's moments, scheduler, RNG, trainer state); a fresh model and trainer resume from
+    a run stopped half-way and end bit for bit where the uninterrupted run did."""
+    whole = _fine_tune(tmp_path / "whole", _Steps())
+    model, optimizer = whole.model, whole.optimizer
+    named = dict(model.named_parameters())
+    frozen = {f"model.{n}" for n, p in named.items() if not p.requires_grad and p.nbytes >= MIN_BYTES}
+    base = sum(p.nbytes for p in named.values() if not p.requires_grad)
+    moments = [t for state in optimizer.state.values() for t in state.values() if torch.is_tensor(t)]
+    trainable = sum(p.nbytes for p in named.values() if p.requires_grad) + sum(t.nbytes for t in moments)
+    assert len(frozen) == 16 and trainable < base // 20  # embeddings, head, 7 projections a layer
+    references = _references(tmp_path / "whole")
+    assert references[2] == {} and all(references[s] == dict.fromkeys(frozen, 2) for s in (4, 6, 8))
+    with cs.CheckpointManager(tmp_path / "whole" / "crashsafe", read_only=True) as mgr:
+        owned = {step: mgr.manifest(step).stored_nbytes for step in mgr.steps()}
+        assert all(torch.equal(mgr.load(8)["model"][k], v) for k, v in model.state_dict().items())
+    assert owned[2] > base
+    assert all(trainable < owned[s] < 1.5 * trainable + 32 * 1024 for s in (4, 6, 8))
+
+    stopped = _Steps(stop=4)
+    _fine_tune(tmp_path / "resumed", stopped)
+    later = _Steps()
+    again = _fine_tune(tmp_path / "resumed", later, seed=1)  # another init: the step's weights must win
+    assert stopped.trained == [1, 2, 3, 4] and later.trained == [5, 6, 7, 8]
+    assert hf_tiny.digest(again.model, again.optimizer) == hf_tiny.digest(model, optimizer)
+    references = _references(tmp_path / "resumed")  # a new process proves nothing yet: step 6 owns all
+    assert references[6] == {} and references[8] == dict.fromkeys(frozen, 6)
+    assert cs.verify(tmp_path / "resumed" / "crashsafe").ok
+
+    _fine_tune(tmp_path / "off", _Steps(stop=4), manager_options={"unchanged": False})
+    assert _references(tmp_path / "off") == {2: {}, 4: {}}

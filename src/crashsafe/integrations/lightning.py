@@ -131,6 +131,10 @@ class CrashsafeCheckpointIO(CheckpointIO):
         in_flight: saves that may be copied but not yet committed, each with its own staging copy
             of the state (memory: ``in_flight`` copies). Two let ``save_last``'s second save of a
             step return without waiting for the first to commit; 1 keeps a single copy.
+
+    Every save copies and writes every tensor, frozen ones too (the manager sees the plugin's staging
+    copy, never the live tensors it could prove unchanged); ``CrashsafeCallback`` refers to a frozen
+    base instead (docs/integrations.md, "Fine-tuning").
     """
 
     def __init__(
@@ -385,7 +389,9 @@ class CrashsafeCallback(Callback):
     ``every_n_steps``; pass ``policy=`` for ``cs.policies.Young(...)`` and the rest), with metrics from
     ``trainer.callback_metrics``; each step is numbered by Lightning's global step. When ``fit``
     starts, the newest intact step is restored (model, optimizers, schedulers, loops, callbacks,
-    precision, RNG). The other arguments are the manager's (:class:`~crashsafe.CheckpointManager`).
+    precision, RNG). The other arguments are the manager's (:class:`~crashsafe.CheckpointManager`):
+    with ``unchanged`` (default True) a step refers to the tensors provably unchanged since the
+    previous one (a frozen base) instead of copying and writing them again (docs/unchanged.md).
     """
 
     def __init__(
@@ -408,6 +414,7 @@ class CrashsafeCallback(Callback):
         mirror_keep_last: int | Unset | None = UNSET,
         mirror_keep_every: int | None = None,
         pinned_bytes: int | None = None,
+        unchanged: bool = True,
     ) -> None:
         self.directory = directory
         self.resume = resume
@@ -416,7 +423,7 @@ class CrashsafeCallback(Callback):
             keep_last=keep_last, keep_every=keep_every, async_save=async_save, codec=codec, lossless=lossless,
             save_on_sigterm=save_on_sigterm, storage_options=storage_options, mirror=mirror,
             mirror_keep=mirror_keep, mirror_keep_last=mirror_keep_last, mirror_keep_every=mirror_keep_every,
-            pinned_bytes=pinned_bytes,
+            pinned_bytes=pinned_bytes, unchanged=unchanged,
         )  # fmt: skip
         self.manager: CheckpointManager | None = None
         self._offered: int | None = None
