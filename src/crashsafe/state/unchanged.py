@@ -24,12 +24,14 @@ import xxhash
 
 from crashsafe.codecs.registry import get_codec
 from crashsafe.errors import SaveFailedError
+from crashsafe.format.chunks import hash_chunks
 from crashsafe.format.manifest import Manifest, PayloadEntry, base_mark
 from crashsafe.state.fingerprint import DevicePrint, differs, print_of, printable
 
 __all__ = ["MIN_BYTES", "ChangeWatch", "Holding", "Unchanged", "raw_digest"]
 
 MIN_BYTES = 1 << 17  # smaller tensors are copied: hashing them saves too little to be worth a call
+Digest = tuple[int | None, str]  # the chunk size it was taken with (None: xxh3-64 of it all), its hex
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,7 @@ class _Seen:
 
     key: tuple[Any, ...]
     version: int
-    digest: str | None = None
+    digest: Digest | None = None
     print: DevicePrint | None = None
     buffer: np.ndarray[Any, Any] | None = None  # the staging buffer its bytes were copied into
 
@@ -124,10 +126,10 @@ class ChangeWatch:
         if device is not None:
             assert held is not None
             return self._on_device(path, tensor, record, held, device)
-        data = _bytes(tensor)
-        seen.digest = xxhash.xxh3_64_hexdigest(data.data)
+        data, kept = _bytes(tensor), record.seen.digest
+        seen.digest = _digest(data, None if kept is None else kept[0])
         self._now[path] = seen
-        if seen.digest != record.seen.digest:
+        if seen.digest != kept:
             return None
         seen.buffer = record.seen.buffer
         return Unchanged(path, record.holding, data if live or held is None else held)
@@ -199,8 +201,7 @@ class ChangeWatch:
                 holding = Holding(entry.ref, created, dataclasses.replace(entry, ref=None))
             if get_codec(holding.entry.codec).lossy:
                 continue  # a lossy payload is not the bytes: encoding them anew may come out closer
-            if seen.digest is None:
-                seen.digest = raw_digest(holding.entry)
+            seen.digest = raw_digest(holding.entry) or seen.digest  # the committed bytes' own, if raw
             records[entry.path] = _Record(seen, holding)
         self._records, self._now = records, {}
 
@@ -209,11 +210,19 @@ class ChangeWatch:
         self._records, self._now = {}, {}
 
 
-def raw_digest(entry: PayloadEntry) -> str | None:
-    """The xxh3-64 of a payload's array bytes where its checksum is that (stored raw, whole), else None."""
-    if entry.codec == {"id": "raw"} and entry.chunks is None and entry.nbytes == entry.raw_nbytes:
-        return entry.xxh3
+def raw_digest(entry: PayloadEntry) -> Digest | None:
+    """A payload's checksum where it is a digest of its array's bytes (stored raw: the xxh3-64 of
+    them all, or of their chunks' digests), else None."""
+    if entry.codec == {"id": "raw"} and entry.nbytes == entry.raw_nbytes:
+        return (None if entry.chunks is None else entry.chunks.size, entry.xxh3)
     return None
+
+
+def _digest(data: np.ndarray[Any, Any], chunk: int | None) -> Digest:
+    """``data``'s digest as a raw payload's checksum would be taken (``chunk``: chunk by chunk)."""
+    if chunk is None:
+        return None, xxhash.xxh3_64_hexdigest(data.data)
+    return chunk, hash_chunks(data.data, chunk).combined()
 
 
 def _seen(tensor: Any) -> _Seen | None:

@@ -9,7 +9,7 @@ checkpoint, as a restarted job would. Batches are drawn from (step, rank), so a 
 same data as an uninterrupted one. Prints "resumed N" at start and "step N" after each step.
 Environment: JOB_WIDTH, the hidden layer's width (32); JOB_CHUNK_BYTES, the size of the chunks
 whose checksums a raw shard's entry lists (crashsafe's own unless given), for this job and the
-scripts that build their model here; JOB_FROZEN=1 puts a frozen Linear(WIDTH, 1024) (256 KiB,
+scripts that build their model here; JOB_FROZEN=1 puts a frozen Linear(WIDTH, 4096) (512 KiB,
 big enough that saves refer to it once committed: docs/unchanged.md) between the trained layers.
 """
 
@@ -37,9 +37,9 @@ def build(kind: str, world: int) -> tuple[torch.nn.Module, torch.optim.Optimizer
     torch.manual_seed(0)
     layers: list[torch.nn.Module] = [torch.nn.Linear(8, WIDTH), torch.nn.Tanh(), torch.nn.Linear(WIDTH, 6)]
     if os.environ.get("JOB_FROZEN") == "1":
-        frozen = torch.nn.Linear(WIDTH, 1024)
+        frozen = torch.nn.Linear(WIDTH, 4096)
         frozen.requires_grad_(False)
-        layers[2:] = [frozen, torch.nn.Tanh(), torch.nn.Linear(1024, 6)]
+        layers[2:] = [frozen, torch.nn.Tanh(), torch.nn.Linear(4096, 6)]
     model = torch.nn.Sequential(*layers)
     if kind == "fsdp":
         from torch.distributed.device_mesh import init_device_mesh
