@@ -586,6 +586,8 @@ def main(argv: list[str]) -> None:
                 gc.collect()
     finally:
         shutil.rmtree(args.work / "saver", ignore_errors=True)
+        with contextlib.suppress(OSError):
+            args.work.rmdir()  # if empty
     text = report(results, args, time.perf_counter() - began, (load_before, os.getloadavg()[0]), feature)
     print(text)
     if out is not None:
