@@ -27,7 +27,7 @@ import shutil
 import statistics
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -165,7 +165,7 @@ class Crashsafe(Saver):
         self.mgr.wait()
 
     def owned(self, step: int) -> int:
-        return sum(self.mgr.manifest(step).files.values())  # its data files: bytes it refers to are not
+        return sum(self.mgr.manifest(step).files.values())  # its own files; referred bytes are not listed
 
     def close(self) -> None:
         self.mgr.close()
@@ -361,24 +361,24 @@ def merge(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def measure(layers: int, width: int, work: Path, saves: int, steps: int, repeat: int) -> dict[str, Any]:
+def measure(layers: int, width: int, work: Path, args: argparse.Namespace) -> dict[str, Any]:
     """Every saver over one model, repeat by repeat, interleaved."""
     tuned, target = Tuned(layers, width, seed=0), Tuned(layers, width, seed=1)
     tuned.train(1)  # AdamW's state exists: the trainable part's size is known
     runs: dict[str, list[dict[str, Any]]] = {}
     skipped: dict[str, str] = {}
-    for attempt in range(repeat):
+    for attempt in range(args.repeat):
         for name, make in savers().items():
             if name in skipped:
                 continue
             try:
-                row = run_saver(make, tuned, target, work / "saver", saves, steps, 3 if repeat > 1 else 1)
+                row = run_saver(make, tuned, target, work / "saver", args.saves, args.steps, args.best)
             except Unavailable as exc:
                 skipped[name] = str(exc)
                 continue
             runs.setdefault(name, []).append(row)
             print(
-                f"   [{attempt + 1}/{repeat}] {name:48s} stall {_ms(row['stall'][-1])}, durable "
+                f"   [{attempt + 1}/{args.repeat}] {name:48s} stall {_ms(row['stall'][-1])}, durable "
                 f"{_ms(row['durable'][-1])}, {row['owned'][-1] / 1e6:.1f} MB",
                 flush=True,
             )
@@ -494,10 +494,12 @@ def report(results: dict[str, dict[str, Any]], args: argparse.Namespace, took: f
         "step*: what the step owns on disk (crashsafe: its manifest's data files, bytes it refers to in "
         "an earlier step not counted; others: their files). *Restore*: the newest step into a fresh "
         "model + optimizer (crashsafe `restore`, `torch.load(mmap=True)` + `load_state_dict`, `dcp.load` "
-        "+ `set_state_dict`), checked equal to the saved state, page cache warm, best of 3. *Read "
-        "limit*: plain reads of the files that restore needs (crashsafe: what `keep_last=1` retention "
-        "keeps, the newest step and any step it depends on) into memory, best of 3. The adapter-alone "
-        "rows save adapters + AdamW state + step only: the ideal, not a restorable whole state.",
+        f"+ `set_state_dict`), checked equal to the saved state, page cache warm, best of {args.best}. "
+        "*Read limit*: plain reads of the files that restore needs (crashsafe: what `keep_last=1` "
+        "retention keeps, the newest step and any step it depends on) into memory, best of "
+        f"{args.best}; a copy out of the mapped page cache (`torch.load(mmap=True)`) may beat it. The "
+        "adapter-alone rows save adapters + AdamW state + step only: the ideal, not a restorable whole "
+        "state.",
         "",
     ]
     for size, result in results.items():
@@ -544,14 +546,6 @@ def plot(results: dict[str, dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-@contextlib.contextmanager
-def quiet() -> Iterator[None]:
-    """No warnings from DCP (one process, no group) or torch; crashsafe logs nothing in a normal run."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
-
-
 def layers_of(gigabytes: float) -> int:
     """How many frozen Linear(WIDTH, WIDTH) layers (weight and bias, fp32) make ``gigabytes``."""
     return max(1, round(gigabytes * 1e9 / (4 * (WIDTH + 1) * WIDTH)))
@@ -570,6 +564,7 @@ def main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     if args.quick:
         args.saves, args.steps, args.repeat = 3, 1, 1
+    args.best = 1 if args.quick else 3  # restores and read limits: best of
     out = args.out or (None if args.quick else RESULTS / "finetune.md")
     args.command = "make bench BENCH=" + (f'"finetune {" ".join(argv)}"' if argv else "finetune")
     torch.set_num_threads(min(2, os.cpu_count() or 1))
@@ -578,11 +573,12 @@ def main(argv: list[str]) -> None:
     results: dict[str, dict[str, Any]] = {}
     args.work.mkdir(parents=True, exist_ok=True)
     try:
-        with quiet():
+        with warnings.catch_warnings():  # DCP warns that it saves in one process, without a group
+            warnings.simplefilter("ignore")  # (crashsafe logs nothing in a run without trouble)
             for size in ["quick"] if args.quick else args.sizes.split(","):
                 layers, width = (2, 256) if size == "quick" else (layers_of(float(size)), WIDTH)
                 print(f"-- {size}: {layers} layers of {width}", flush=True)
-                results[size] = measure(layers, width, args.work, args.saves, args.steps, args.repeat)
+                results[size] = measure(layers, width, args.work, args)
                 gc.collect()
     finally:
         shutil.rmtree(args.work / "saver", ignore_errors=True)
