@@ -42,6 +42,7 @@ ADAPTER_CS = "crashsafe, adapter alone (ideal)"
 DEFAULT_CS = "crashsafe default (whole state)"
 FULL_CS = "crashsafe unchanged=False (today's full save)"
 DCP = "dcp.async_save (whole state)"
+DEVICE = torch.device("cpu")  # --device: where the model and its optimizer live
 
 
 class LoRALinear(torch.nn.Module):
@@ -67,14 +68,14 @@ class Tuned:
     def __init__(self, layers: int, width: int, seed: int) -> None:
         torch.manual_seed(seed)
         self.width = width
-        self.model = torch.nn.Sequential(*[LoRALinear(width, RANK) for _ in range(layers)])
+        self.model = torch.nn.Sequential(*[LoRALinear(width, RANK) for _ in range(layers)]).to(DEVICE)
         self.trainable = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
         self.optim = torch.optim.AdamW(self.trainable.values(), lr=1e-3)
         self.step = 0
 
     def train(self, steps: int) -> None:
         for _ in range(steps):
-            x, y = torch.randn(BATCH, self.width), torch.randn(BATCH, self.width)
+            x, y = (torch.randn(BATCH, self.width, device=DEVICE) for _ in range(2))
             self.optim.zero_grad(set_to_none=True)
             torch.autograd.backward(torch.nn.functional.mse_loss(self.model(x), y))
             self.optim.step()
@@ -297,6 +298,12 @@ def read_limit(files: list[Path], repeat: int) -> float:
     return _best(read, repeat)
 
 
+def _settle() -> None:
+    """Wait for the device's queued work (nothing to wait for on the CPU)."""
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
+
+
 def _best(fn: Callable[[], object], repeat: int) -> float:
     best = float("inf")
     for _ in range(repeat):
@@ -324,8 +331,10 @@ def run_saver(
         for _ in range(saves):
             tuned.train(steps)
             gc.collect()
+            _settle()
             began = time.perf_counter()
             saver.save(tuned)
+            _settle()  # on a GPU: until the device may run training's next kernel (bench/gpu.py)
             stalls.append(time.perf_counter() - began)
             saver.wait()
             durables.append(time.perf_counter() - began)
@@ -467,6 +476,10 @@ def targets(result: dict[str, Any], size: str) -> list[str]:
     ]
 
 
+def _device_name() -> str:
+    return torch.cuda.get_device_name() if DEVICE.type == "cuda" else "the CPU"
+
+
 def report(results: dict[str, dict[str, Any]], args: argparse.Namespace, took: float,
            load: tuple[float, float], feature: bool) -> str:  # fmt: skip
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
@@ -480,7 +493,8 @@ def report(results: dict[str, dict[str, Any]], args: argparse.Namespace, took: f
         "# Fine-tuning: what a save costs when the base is frozen (issue 29)",
         "",
         f"Command: `{args.command}`. Machine: {platform.machine()}, {os.cpu_count()} cores, "
-        f"{memory:.0f} GiB memory, torch {torch.__version__}; checkpoints in `{args.work}`; the run took "
+        f"{memory:.0f} GiB memory, torch {torch.__version__}, model on {_device_name()}; checkpoints in "
+        f"`{args.work}`; the run took "
         f"{took:.0f} s; 1-minute load average {load[0]:.2f} at the start, {load[1]:.2f} at the end (a "
         f"shared machine: the savers were interleaved, repeat by repeat). Run {when}.",
         "",
@@ -561,7 +575,10 @@ def main(argv: list[str]) -> None:
                         "bench/results/finetune.md; none with --quick)")  # fmt: skip
     parser.add_argument("--work", type=Path, default=Path("/tmp/crashsafe-bench-finetune"), help="scratch")
     parser.add_argument("--quick", action="store_true", help="a tiny model, 3 saves, 1 repeat (smoke run)")
+    parser.add_argument("--device", default="cpu", help="where the model lives: cpu (default) or cuda")
     args = parser.parse_args(argv)
+    global DEVICE
+    DEVICE = torch.device(args.device)
     if args.quick:
         args.saves, args.steps, args.repeat = 3, 1, 1
     args.best = 1 if args.quick else 3  # restores and read limits: best of

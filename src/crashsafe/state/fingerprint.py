@@ -38,11 +38,12 @@ class DevicePrint:
 
 def printable(tensor: Any) -> bool:
     """Whether ``tensor`` can be fingerprinted: contiguous, plain bits (no lazy conjugate or
-    negation), and at least ``_MIN_ROWS`` rows of bytes."""
+    negation), at least ``_MIN_ROWS`` rows of bytes, on a device whose int8 matrix product works."""
     return bool(
         tensor.is_contiguous()
         and not (tensor.is_conj() or tensor.is_neg())
         and tensor.numel() * tensor.element_size() >= _MIN_ROWS * ROW
+        and _keys(tensor.device) is not None
     )
 
 
@@ -69,15 +70,19 @@ def differs(tensor: Any, before: DevicePrint) -> Any:
 
 
 def _keys(device: Any) -> Any:
-    """The key matrix of ``device`` (column-major, as the int8 matrix product wants it), drawn once."""
+    """The key matrix of ``device`` (column-major, as the int8 matrix product wants it), drawn once;
+    None where that product fails (an old GPU, a build without it): its tensors are always copied."""
     import torch
 
     with _LOCK:
-        keys = _KEYS.get(device)
-        if keys is None:
-            generator = torch.Generator(device=device)
-            generator.manual_seed(secrets.randbits(63))
-            shape = (COLUMNS, ROW)
-            drawn = torch.randint(-127, 128, shape, dtype=torch.int8, device=device, generator=generator)
-            keys = _KEYS[device] = drawn.t()
-    return keys
+        if device not in _KEYS:
+            try:
+                generator = torch.Generator(device=device)
+                generator.manual_seed(secrets.randbits(63))
+                shape = (COLUMNS, ROW)
+                drawn = torch.randint(-127, 128, shape, dtype=torch.int8, device=device, generator=generator)
+                torch._int_mm(torch.zeros(_MIN_ROWS, ROW, dtype=torch.int8, device=device), drawn.t())
+                _KEYS[device] = drawn.t()
+            except (RuntimeError, NotImplementedError, AttributeError):
+                _KEYS[device] = None
+        return _KEYS[device]
