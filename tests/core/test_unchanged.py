@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import crashsafe as cs
-from crashsafe.errors import SaveFailedError
+from crashsafe.errors import CheckpointExistsError, SaveFailedError
 from crashsafe.state.unchanged import MIN_BYTES
 
 from ..fake_device import fake_device
@@ -249,6 +249,28 @@ def test_a_failed_save_makes_the_next_one_copy_everything(tmp_path: Path) -> Non
         manager.wait()
     assert _referenced(tmp_path, 3) == set()
     assert _same(_loaded(tmp_path, 3), _values(model))
+
+
+def test_a_save_refused_after_its_copy_leaves_no_stale_buffer(tmp_path: Path) -> None:
+    """A save refused in the save call (a step number already committed) has copied a swapped-in
+    tensor into the buffer that held the committed bytes. Swapped back (.data: same memory and
+    version as the record), the tensor is proven unchanged; once the step holding its bytes is gone,
+    the next save writes that buffer, which must still hold them, not the refused save's."""
+    model = _model()
+    weight = model[0].weight
+    with cs.CheckpointManager(tmp_path, keep_last=None) as manager:
+        manager.save(1, {"model": model})
+        manager.wait()
+        original = weight.data
+        weight.data = _other(weight)  # an EMA swap: other memory, torch's version counter unmoved
+        with pytest.raises(CheckpointExistsError):
+            manager.save(1, {"model": model})
+        weight.data = original
+        manager.delete([1])
+        expected = _values(model)
+        manager.save(2, {"model": model})
+        manager.wait()
+    assert _same(_loaded(tmp_path, 2), expected)
 
 
 def test_inference_tensors_are_always_copied(tmp_path: Path) -> None:

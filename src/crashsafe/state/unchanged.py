@@ -114,7 +114,19 @@ class ChangeWatch:
         """``tensor`` at ``path`` if provably unchanged, else None (the caller copies it, then calls
         :meth:`saw`). ``held``: the staging buffer of ``path``; ``live``: the save writes before it
         returns, so the live tensor's bytes may be written; ``device``: the snapshot's
-        :class:`~crashsafe._cuda.DeviceCopies` for a device tensor (None: a CPU tensor)."""
+        :class:`~crashsafe._cuda.DeviceCopies` for a device tensor (None: a CPU tensor).
+
+        None also forgets the record of ``path`` at once: the copy that follows overwrites the buffer
+        that held its committed bytes, and a save that fails before it commits (refused in the save
+        call, or in planning) must not leave a record whose buffer holds other bytes."""
+        found = self._check(path, tensor, held, live, device)
+        if found is None:
+            self._records.pop(path, None)
+        return found
+
+    def _check(
+        self, path: str, tensor: Any, held: np.ndarray[Any, Any] | None, live: bool, device: Any
+    ) -> Unchanged | None:
         record = self._records.get(path)
         seen = _seen(tensor) if self.enabled else None
         if seen is None or record is None:
