@@ -273,6 +273,48 @@ def test_a_save_refused_after_its_copy_leaves_no_stale_buffer(tmp_path: Path) ->
     assert _same(_loaded(tmp_path, 2), expected)
 
 
+class _SwapsOnce:
+    """A stateful object whose second ``state_dict()`` swaps other values into a tensor through
+    .data (torch's version counter unmoved), as a save walks the state after that tensor."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor, self.calls = tensor, 0
+
+    def state_dict(self) -> dict[str, Any]:
+        self.calls += 1
+        if self.calls == 2:
+            self.tensor.data.copy_(_other(self.tensor))
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+@pytest.mark.parametrize("codec", [None, "zstd"], ids=["raw", "zstd"])
+def test_a_tensor_written_by_a_later_state_dict_is_hashed_where_it_is_copied(
+    tmp_path: Path, codec: str | None
+) -> None:
+    """A save copies a tensor after the state_dict() of objects later in the state: its hash must be
+    taken there too. Hashed before, a zstd step held the swapped values under the hash of the old
+    ones, and the next save, the old values back, referred to the swapped ones."""
+    torch.manual_seed(0)
+    weight = torch.randn(ROWS, COLS)
+    state = {"a": weight, "z": _SwapsOnce(weight)}
+    with cs.CheckpointManager(tmp_path, keep_last=None, codec=codec) as manager:
+        manager.save(1, state)
+        manager.wait()
+        before = weight.clone()
+        manager.save(2, state)  # the walk's state_dict() swaps other values in, which a copy takes
+        manager.wait()
+        swapped = weight.clone()
+        weight.data.copy_(before)
+        manager.save(3, state)
+        manager.wait()
+    assert not torch.equal(before, swapped)
+    assert torch.equal(torch.as_tensor(manager.load(2)["a"]), swapped)
+    assert torch.equal(torch.as_tensor(manager.load(3)["a"]), before)
+
+
 def test_inference_tensors_are_always_copied(tmp_path: Path) -> None:
     with torch.inference_mode():
         frozen = torch.randn(ROWS, COLS)
