@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 
 import crashsafe as cs
 from crashsafe.errors import CheckpointExistsError, SaveFailedError
-from crashsafe.state.unchanged import MIN_BYTES
+from crashsafe.format.manifest import Manifest, PayloadEntry
+from crashsafe.state.unchanged import MIN_BYTES, ChangeWatch
 
 from ..fake_device import fake_device
 
@@ -313,6 +314,23 @@ def test_a_tensor_written_by_a_later_state_dict_is_hashed_where_it_is_copied(
     assert not torch.equal(before, swapped)
     assert torch.equal(torch.as_tensor(manager.load(2)["a"]), swapped)
     assert torch.equal(torch.as_tensor(manager.load(3)["a"]), before)
+
+
+def test_tensors_of_other_devices_are_copied_never_hashed() -> None:
+    """An MPS or XPU tensor (a meta tensor stands for them: no such device here) is copied by staging
+    like a CPU one, but its bytes cannot be viewed on the host: the watch must not try to hash it
+    (it did at the second save, which raised a TypeError from .numpy())."""
+    tensor = torch.empty(ROWS, COLS, device="meta")
+    buffer = np.zeros((ROWS, COLS), dtype=np.float32)
+    raw = {"id": "raw"}
+    entry = PayloadEntry("t", "torch", "float32", (ROWS, COLS), "data.bin", 0, MIN_BYTES, "0" * 16, raw)
+    watch = ChangeWatch()
+    watch.begin()
+    watch.saw("t", tensor, buffer=buffer)
+    watch.committed(Manifest(1, 1.0, {}, (entry,), {"data.bin": MIN_BYTES}), None)
+    watch.begin()
+    assert watch.check("t", tensor, held=buffer, live=False) is None
+    assert watch.check("t", tensor, held=None, live=True) is None
 
 
 def test_inference_tensors_are_always_copied(tmp_path: Path) -> None:

@@ -238,8 +238,12 @@ def _digest(data: np.ndarray[Any, Any], chunk: int | None) -> Digest:
 
 
 def _seen(tensor: Any) -> _Seen | None:
-    """Where ``tensor`` lives and its version, if a save may hash it (big enough, plain bits, one
-    contiguous block, a version counter: inference tensors have none), else None."""
+    """Where ``tensor`` lives and its version, if a save may hash it (in host memory, or on a CUDA
+    device that fingerprints it: not MPS, XPU and the like, whose bytes the host cannot read in place;
+    big enough, plain bits, one contiguous block, a version counter: inference tensors have none),
+    else None."""
+    if tensor.device.type not in ("cpu", "cuda"):
+        return None
     if tensor.numel() * tensor.element_size() < MIN_BYTES or not tensor.is_contiguous():
         return None
     if tensor.is_conj() or tensor.is_neg():
