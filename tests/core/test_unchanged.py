@@ -415,6 +415,28 @@ def test_device_tensors_are_proven_by_their_fingerprint(tmp_path: Path, fake_dev
     assert _same(_loaded(tmp_path, 5), {k: v.clone() for k, v in weights.items()})
 
 
+def test_a_fused_optimizer_on_the_device_never_fails_a_save(tmp_path: Path, fake_device: Any) -> None:
+    """A fused optimizer writes its state (and the parameters) without moving torch's version
+    counter, at every step. Proven unchanged by the counter alone, such a device tensor was not
+    copied, its fingerprint differed, and every save after a full one failed. A device tensor is
+    now proven only once found steady over an interval: the frozen base is still referred to."""
+    torch.manual_seed(0)
+    base = {f"{i}": fake_device(torch.randn(ROWS, COLS)) for i in range(2)}
+    head = torch.nn.Linear(COLS, ROWS)
+    optim = torch.optim.AdamW(head.parameters(), fused=True)
+    with cs.CheckpointManager(tmp_path, keep_last=None) as manager:
+        for step in range(1, 6):
+            head(torch.randn(8, COLS)).sum().backward()
+            optim.step()
+            state = {"base": base, "optim": {k: fake_device(v) for k, v in optim.state[head.weight].items()}}
+            expected = {k: v.clone() for k, v in state["optim"].items()}
+            manager.save(step, state)
+            manager.wait()
+            loaded = manager.load(step)["optim"]
+            assert all(torch.equal(torch.as_tensor(loaded[k]), v) for k, v in expected.items())
+        assert {"base.0", "base.1"} <= _referenced(tmp_path, 5)
+
+
 def test_shared_memory_written_by_another_process(tmp_path: Path) -> None:
     model = _model()
     for p in model.parameters():
