@@ -162,11 +162,11 @@ def test_one_bit_flipped_behind_torch_fails_the_save(tmp_path: Path, dtype: torc
     tensor = (values > 0) if dtype == torch.bool else values.to(dtype)
     tensor = torch.cat([tensor, tensor[:37]])  # bytes that fill no row: the print's tail
     with cs.CheckpointManager(tmp_path, keep_last=None) as manager:
-        manager.save(1, {"t": tensor})
-        manager.save(2, {"t": tensor})
+        for step in (1, 2, 3):  # copied twice (found steady in between), then referred to
+            manager.save(step, {"t": tensor})
         manager.wait()
-        assert _referenced(tmp_path, 2) == {"t"}
+        assert _referenced(tmp_path, 3) == {"t"}
         tensor.data.view(-1).view(torch.uint8)[-1] ^= 1  # the last byte's lowest bit, uncounted
-        manager.save(3, {"t": tensor})
+        manager.save(4, {"t": tensor})
         with pytest.raises(SaveFailedError, match="version counter"):
             manager.wait()
