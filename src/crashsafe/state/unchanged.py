@@ -115,8 +115,10 @@ class ChangeWatch:
         self, path: str, tensor: Any, *, held: np.ndarray[Any, Any] | None, live: bool, device: Any = None
     ) -> Unchanged | None:
         """``tensor`` at ``path`` if provably unchanged, else None (the caller copies it, then calls
-        :meth:`saw`). ``held``: the staging buffer of ``path``; ``live``: the save writes before it
-        returns, so the live tensor's bytes may be written; ``device``: the snapshot's
+        :meth:`saw`). ``held``: what the writer writes where the committed bytes cannot be referred
+        to (their step is gone), in the leaf's storage type and shape: the staging buffer of ``path``
+        (it must be the one that received them), or with ``live`` (a save that writes before it
+        returns) the live tensor viewed (``view_bytes``); ``device``: the snapshot's
         :class:`~crashsafe._cuda.DeviceCopies` for a device tensor (None: a CPU tensor).
 
         None also forgets the record of ``path`` at once: the copy that follows overwrites the buffer
@@ -136,10 +138,9 @@ class ChangeWatch:
             return None
         if (seen.key, seen.version) != (record.seen.key, record.seen.version):
             return None
-        if not live and (held is None or held is not record.seen.buffer):
+        if held is None or (not live and held is not record.seen.buffer):
             return None  # its buffer is not the one that received the committed bytes: copy it
         if device is not None:
-            assert held is not None
             return self._on_device(path, tensor, record, held, device)
         data, kept = _bytes(tensor), record.seen.digest
         seen.digest = _digest(data, None if kept is None else kept[0])
@@ -147,7 +148,7 @@ class ChangeWatch:
         if seen.digest != kept:
             return None
         seen.buffer = record.seen.buffer
-        return Unchanged(path, record.holding, data if live or held is None else held)
+        return Unchanged(path, record.holding, held)
 
     def _on_device(
         self, path: str, tensor: Any, record: _Record, held: np.ndarray[Any, Any], copies: Any
