@@ -75,12 +75,12 @@ def _in_place(leaves: list[ArrayLeaf], watch: ChangeWatch) -> list[Any]:
     watch.begin()
     arrays: list[Any] = []
     for leaf in leaves:
-        found = None
+        viewed, found = view_bytes(leaf), None  # an Unchanged's bytes too: typed, for every codec
         if leaf.kind == "torch" and not is_cuda(leaf.source):
-            found = watch.check(leaf.path, leaf.source, held=None, live=True)
+            found = watch.check(leaf.path, leaf.source, held=viewed, live=True)
             if found is None:
                 watch.saw(leaf.path, leaf.source, buffer=None)
-        arrays.append(view_bytes(leaf) if found is None else found)
+        arrays.append(viewed if found is None else found)
     return arrays
 
 

@@ -20,8 +20,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import crashsafe as cs
-from crashsafe.errors import SaveFailedError
-from crashsafe.state.unchanged import MIN_BYTES
+from crashsafe.errors import CheckpointExistsError, SaveFailedError
+from crashsafe.format.manifest import Manifest, PayloadEntry
+from crashsafe.state.unchanged import MIN_BYTES, ChangeWatch
 
 from ..fake_device import fake_device
 
@@ -251,6 +252,101 @@ def test_a_failed_save_makes_the_next_one_copy_everything(tmp_path: Path) -> Non
     assert _same(_loaded(tmp_path, 3), _values(model))
 
 
+def test_a_save_refused_after_its_copy_leaves_no_stale_buffer(tmp_path: Path) -> None:
+    """A save refused in the save call (a step number already committed) has copied a swapped-in
+    tensor into the buffer that held the committed bytes. Swapped back (.data: same memory and
+    version as the record), the tensor is proven unchanged; once the step holding its bytes is gone,
+    the next save writes that buffer, which must still hold them, not the refused save's."""
+    model = _model()
+    weight = model[0].weight
+    with cs.CheckpointManager(tmp_path, keep_last=None) as manager:
+        manager.save(1, {"model": model})
+        manager.wait()
+        original = weight.data
+        weight.data = _other(weight)  # an EMA swap: other memory, torch's version counter unmoved
+        with pytest.raises(CheckpointExistsError):
+            manager.save(1, {"model": model})
+        weight.data = original
+        manager.delete([1])
+        expected = _values(model)
+        manager.save(2, {"model": model})
+        manager.wait()
+    assert _same(_loaded(tmp_path, 2), expected)
+
+
+class _SwapsOnce:
+    """A stateful object whose second ``state_dict()`` swaps other values into a tensor through
+    .data (torch's version counter unmoved), as a save walks the state after that tensor."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor, self.calls = tensor, 0
+
+    def state_dict(self) -> dict[str, Any]:
+        self.calls += 1
+        if self.calls == 2:
+            self.tensor.data.copy_(_other(self.tensor))
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+@pytest.mark.parametrize("codec", [None, "zstd"], ids=["raw", "zstd"])
+def test_a_tensor_written_by_a_later_state_dict_is_hashed_where_it_is_copied(
+    tmp_path: Path, codec: str | None
+) -> None:
+    """A save copies a tensor after the state_dict() of objects later in the state: its hash must be
+    taken there too. Hashed before, a zstd step held the swapped values under the hash of the old
+    ones, and the next save, the old values back, referred to the swapped ones."""
+    torch.manual_seed(0)
+    weight = torch.randn(ROWS, COLS)
+    state = {"a": weight, "z": _SwapsOnce(weight)}
+    with cs.CheckpointManager(tmp_path, keep_last=None, codec=codec) as manager:
+        manager.save(1, state)
+        manager.wait()
+        before = weight.clone()
+        manager.save(2, state)  # the walk's state_dict() swaps other values in, which a copy takes
+        manager.wait()
+        swapped = weight.clone()
+        weight.data.copy_(before)
+        manager.save(3, state)
+        manager.wait()
+    assert not torch.equal(before, swapped)
+    assert torch.equal(torch.as_tensor(manager.load(2)["a"]), swapped)
+    assert torch.equal(torch.as_tensor(manager.load(3)["a"]), before)
+
+
+def test_tensors_of_other_devices_are_copied_never_hashed() -> None:
+    """An MPS or XPU tensor (a meta tensor stands for them: no such device here) is copied by staging
+    like a CPU one, but its bytes cannot be viewed on the host: the watch must not try to hash it
+    (it did at the second save, which raised a TypeError from .numpy())."""
+    tensor = torch.empty(ROWS, COLS, device="meta")
+    buffer = np.zeros((ROWS, COLS), dtype=np.float32)
+    raw = {"id": "raw"}
+    entry = PayloadEntry("t", "torch", "float32", (ROWS, COLS), "data.bin", 0, MIN_BYTES, "0" * 16, raw)
+    watch = ChangeWatch()
+    watch.begin()
+    watch.saw("t", tensor, buffer=buffer)
+    watch.committed(Manifest(1, 1.0, {}, (entry,), {"data.bin": MIN_BYTES}), None)
+    watch.begin()
+    assert watch.check("t", tensor, held=buffer, live=False) is None
+    assert watch.check("t", tensor, held=None, live=True) is None
+
+
+@pytest.mark.parametrize("codec", ["zstd", "incremental"])
+def test_a_sync_save_writes_an_unchanged_tensor_as_its_own_type(tmp_path: Path, codec: str) -> None:
+    """A save that writes before it returns gives the writer the live tensor where the step holding
+    its committed bytes is gone. Given as flat bytes, a codec that shuffles by element size stored
+    them unshuffled under the tensor's dtype: checksums fine, values wrong."""
+    model = _model()
+    with cs.CheckpointManager(tmp_path, keep_last=None, async_save=False, codec=codec) as manager:
+        manager.save(1, {"model": model})
+        manager.save(2, {"model": model})  # hashed as its copy is: referred to from the next save
+        manager.delete([2, 1])
+        manager.save(3, {"model": model})
+    assert _same(_loaded(tmp_path, 3), _values(model))
+
+
 def test_inference_tensors_are_always_copied(tmp_path: Path) -> None:
     with torch.inference_mode():
         frozen = torch.randn(ROWS, COLS)
@@ -331,6 +427,28 @@ def test_device_tensors_are_proven_by_their_fingerprint(tmp_path: Path, fake_dev
     assert _referenced(tmp_path, 5) == set()
     assert _same(_loaded(tmp_path, 3), expected)
     assert _same(_loaded(tmp_path, 5), {k: v.clone() for k, v in weights.items()})
+
+
+def test_a_fused_optimizer_on_the_device_never_fails_a_save(tmp_path: Path, fake_device: Any) -> None:
+    """A fused optimizer writes its state (and the parameters) without moving torch's version
+    counter, at every step. Proven unchanged by the counter alone, such a device tensor was not
+    copied, its fingerprint differed, and every save after a full one failed. A device tensor is
+    now proven only once found steady over an interval: the frozen base is still referred to."""
+    torch.manual_seed(0)
+    base = {f"{i}": fake_device(torch.randn(ROWS, COLS)) for i in range(2)}
+    head = torch.nn.Linear(COLS, ROWS)
+    optim = torch.optim.AdamW(head.parameters(), fused=True)
+    with cs.CheckpointManager(tmp_path, keep_last=None) as manager:
+        for step in range(1, 6):
+            head(torch.randn(8, COLS)).sum().backward()
+            optim.step()
+            state = {"base": base, "optim": {k: fake_device(v) for k, v in optim.state[head.weight].items()}}
+            expected = {k: v.clone() for k, v in state["optim"].items()}
+            manager.save(step, state)
+            manager.wait()
+            loaded = manager.load(step)["optim"]
+            assert all(torch.equal(torch.as_tensor(loaded[k]), v) for k, v in expected.items())
+        assert {"base.0", "base.1"} <= _referenced(tmp_path, 5)
 
 
 def test_shared_memory_written_by_another_process(tmp_path: Path) -> None:

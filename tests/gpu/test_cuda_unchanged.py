@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import crashsafe as cs
-from crashsafe.errors import SaveFailedError
+from crashsafe.errors import CheckpointExistsError, SaveFailedError
 from crashsafe.state.fingerprint import differs, print_of
 
 pytestmark = [
@@ -117,3 +117,56 @@ def test_kernels_after_save_never_reach_a_reference(tmp_path: Path) -> None:
             p.data.add_(1.0)  # after save returned: must not reach step 3
         manager.wait()
     assert _equal(_as_torch(_load(tmp_path, 3)["base"]), expected)
+
+
+def test_a_save_refused_after_its_copy_leaves_no_stale_buffer(tmp_path: Path) -> None:
+    """As in tests/core/test_unchanged.py, on the GPU: the refused save's copy into the pinned buffer
+    that held the committed bytes lands; swapped back, the tensor's fingerprint matches, and with the
+    step holding its bytes gone the next save must not write that buffer."""
+    model = _model()
+    weight = model[0].weight
+    with cs.CheckpointManager(tmp_path, keep_last=None) as manager:
+        manager.save(1, {"base": model})
+        manager.wait()
+        original = weight.data
+        weight.data = torch.randn_like(weight)  # an EMA swap: other memory, the same version
+        with pytest.raises(CheckpointExistsError):
+            manager.save(1, {"base": model})
+        torch.cuda.synchronize()
+        weight.data = original
+        manager.delete([1])
+        expected = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        manager.save(2, {"base": model})
+        manager.wait()
+    assert _equal(_as_torch(_load(tmp_path, 2)["base"]), expected)
+
+
+def test_the_buffer_a_first_save_landed_in_holds_its_bytes(tmp_path: Path) -> None:
+    """A first save clones each tensor on the device and lands it in pinned memory later; that
+    buffer is what a save writes for an unchanged tensor whose holding step is gone."""
+    model = _model()
+    expected = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    with cs.CheckpointManager(tmp_path, keep_last=None) as manager:
+        manager.save(1, {"base": model})
+        manager.wait()
+        manager.delete([1])
+        manager.save(2, {"base": model})
+        manager.wait()
+    assert _referenced(tmp_path, 2) == set()
+    assert _equal(_as_torch(_load(tmp_path, 2)["base"]), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.bool, torch.int8, torch.complex64])
+def test_one_bit_flipped_behind_torch_fails_the_save(tmp_path: Path, dtype: torch.dtype) -> None:
+    values = torch.randn(1 << 18, device="cuda")
+    tensor = (values > 0) if dtype == torch.bool else values.to(dtype)
+    tensor = torch.cat([tensor, tensor[:37]])  # bytes that fill no row: the print's tail
+    with cs.CheckpointManager(tmp_path, keep_last=None) as manager:
+        for step in (1, 2, 3):  # copied twice (found steady in between), then referred to
+            manager.save(step, {"t": tensor})
+        manager.wait()
+        assert _referenced(tmp_path, 3) == {"t"}
+        tensor.data.view(-1).view(torch.uint8)[-1] ^= 1  # the last byte's lowest bit, uncounted
+        manager.save(4, {"t": tensor})
+        with pytest.raises(SaveFailedError, match="version counter"):
+            manager.wait()

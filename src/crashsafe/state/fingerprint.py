@@ -18,7 +18,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["COLUMNS", "ROW", "DevicePrint", "differs", "print_of", "printable"]
+__all__ = ["COLUMNS", "ROW", "DevicePrint", "changed", "differs", "print_of", "printable"]
 
 ROW = 4096  # bytes per row: exact int32 sums (4096 * 128 * 127 < 2**31)
 COLUMNS = 8  # independent keys: 255**-8 < 2**-63 per changed row
@@ -61,11 +61,15 @@ def print_of(tensor: Any) -> DevicePrint:
 def differs(tensor: Any, before: DevicePrint) -> Any:
     """A one-element bool tensor on the device: whether ``tensor``'s bytes no longer match ``before``
     (queued on the current stream; nothing waits for it here)."""
-    now = print_of(tensor)
+    return changed(print_of(tensor), before)
+
+
+def changed(now: DevicePrint, before: DevicePrint) -> Any:
+    """A one-element bool tensor on the device: whether two prints differ (queued, not waited for)."""
     if now.rows.shape != before.rows.shape or now.tail.shape != before.tail.shape:
         import torch
 
-        return torch.ones(1, dtype=torch.bool, device=tensor.device)
+        return torch.ones(1, dtype=torch.bool, device=now.rows.device)
     return (now.rows != before.rows).any().reshape(1) | (now.tail != before.tail).any().reshape(1)
 
 

@@ -178,20 +178,22 @@ class _Walk:
         self.paths.add(path)
         copied = self.pool.staged(path, name, same[2]) if nbytes and tensor.is_cpu else None
         if copied is not None:
-            if not self.pool.unchanged_tensor(path, tensor):
-                self.copies.append((copied, tensor, path))  # copied at the end, all in one call
+            self.copies.append((copied, tensor, path))  # proven unchanged or copied at the end, in one call
         else:
             copied = self.pool.stage(ArrayLeaf(path, "torch", name, same[2], tensor))
         self.tensors[same] = copied
         return copied
 
     def copy(self) -> None:
-        """The copies of CPU tensors into earlier buffers: one torch call (one release of the GIL,
-        during which another thread could hold it for a switch interval). CUDA tensors' copies were
-        queued on the pool's copy streams as they were found."""
-        if not self.copies:
+        """The copies of CPU tensors into earlier buffers, but of those the pool's watch proves
+        unchanged: one torch call (one release of the GIL, during which another thread could hold it
+        for a switch interval). Hashed here, where they are copied, after every ``state_dict()`` the
+        walk called (one may write a tensor found before it). CUDA tensors' copies were queued on the
+        pool's copy streams as they were found."""
+        copies = [c for c in self.copies if not self.pool.unchanged_tensor(c[2], c[1])]
+        if not copies:
             return
-        targets, sources, paths = zip(*self.copies, strict=True)
+        targets, sources, paths = zip(*copies, strict=True)
         torch = loaded_torch()
         assert torch is not None
         foreach = getattr(torch, "_foreach_copy_", None)

@@ -26,7 +26,7 @@ from crashsafe.codecs.registry import get_codec
 from crashsafe.errors import SaveFailedError
 from crashsafe.format.chunks import hash_chunks
 from crashsafe.format.manifest import Manifest, PayloadEntry, base_mark
-from crashsafe.state.fingerprint import DevicePrint, differs, print_of, printable
+from crashsafe.state.fingerprint import DevicePrint, changed, differs, print_of, printable
 
 __all__ = ["MIN_BYTES", "ChangeWatch", "Holding", "Unchanged", "raw_digest"]
 
@@ -58,6 +58,8 @@ class _Seen:
     digest: Digest | None = None
     print: DevicePrint | None = None
     buffer: np.ndarray[Any, Any] | None = None  # the staging buffer its bytes were copied into
+    steady: bool = False  # a device tensor: its print was the same at the save point before this one
+    steadiness: Callable[[], bool] | None = None  # that comparison, queued on the device, read at commit
 
 
 @dataclass
@@ -85,8 +87,8 @@ class Unchanged:
         if self.confirm is not None and not self.confirm():
             raise SaveFailedError(
                 f"tensor '{self.path}' changed although torch's version counter did not move (a write "
-                "through .data, a numpy or DLPack view, or another process): this save was not "
-                "committed, so as not to record stale bytes; the next save copies every tensor"
+                "through .data, a numpy or DLPack view, a fused optimizer, or another process): this save "
+                "was not committed, so as not to record stale bytes; the next save copies every tensor"
             )
         if self.holding.step in committed and self.holding.entry.rank == rank:
             return self.holding.reference()
@@ -103,28 +105,42 @@ class ChangeWatch:
         self.enabled = enabled
         self._records: dict[str, _Record] = {}
         self._now: dict[str, _Seen] = {}  # this save point: what each watched tensor was
+        self._dropped: dict[str, _Seen] = {}  # this save point: the records it found changed
 
     def begin(self) -> None:
         """A new save point (a snapshot given up before it committed leaves nothing behind)."""
-        self._now = {}
+        self._now, self._dropped = {}, {}
 
     def check(
         self, path: str, tensor: Any, *, held: np.ndarray[Any, Any] | None, live: bool, device: Any = None
     ) -> Unchanged | None:
         """``tensor`` at ``path`` if provably unchanged, else None (the caller copies it, then calls
-        :meth:`saw`). ``held``: the staging buffer of ``path``; ``live``: the save writes before it
-        returns, so the live tensor's bytes may be written; ``device``: the snapshot's
-        :class:`~crashsafe._cuda.DeviceCopies` for a device tensor (None: a CPU tensor)."""
+        :meth:`saw`). ``held``: what the writer writes where the committed bytes cannot be referred
+        to (their step is gone), in the leaf's storage type and shape: the staging buffer of ``path``
+        (it must be the one that received them), or with ``live`` (a save that writes before it
+        returns) the live tensor viewed (``view_bytes``); ``device``: the snapshot's
+        :class:`~crashsafe._cuda.DeviceCopies` for a device tensor (None: a CPU tensor).
+
+        None also forgets the record of ``path`` at once: the copy that follows overwrites the buffer
+        that held its committed bytes, and a save that fails before it commits (refused in the save
+        call, or in planning) must not leave a record whose buffer holds other bytes."""
+        found = self._check(path, tensor, held, live, device)
+        if found is None and (dropped := self._records.pop(path, None)) is not None:
+            self._dropped[path] = dropped.seen  # its print still tells whether the tensor is steady
+        return found
+
+    def _check(
+        self, path: str, tensor: Any, held: np.ndarray[Any, Any] | None, live: bool, device: Any
+    ) -> Unchanged | None:
         record = self._records.get(path)
         seen = _seen(tensor) if self.enabled else None
         if seen is None or record is None:
             return None
         if (seen.key, seen.version) != (record.seen.key, record.seen.version):
             return None
-        if not live and (held is None or held is not record.seen.buffer):
+        if held is None or (not live and held is not record.seen.buffer):
             return None  # its buffer is not the one that received the committed bytes: copy it
         if device is not None:
-            assert held is not None
             return self._on_device(path, tensor, record, held, device)
         data, kept = _bytes(tensor), record.seen.digest
         seen.digest = _digest(data, None if kept is None else kept[0])
@@ -132,15 +148,17 @@ class ChangeWatch:
         if seen.digest != kept:
             return None
         seen.buffer = record.seen.buffer
-        return Unchanged(path, record.holding, data if live or held is None else held)
+        return Unchanged(path, record.holding, held)
 
     def _on_device(
         self, path: str, tensor: Any, record: _Record, held: np.ndarray[Any, Any], copies: Any
     ) -> Unchanged | None:
         """Queue the fingerprint comparison of a device tensor on its copy stream; the writer waits
-        for its verdict (:meth:`Unchanged.reference`)."""
+        for its verdict (:meth:`Unchanged.reference`). Only for a tensor found steady over the last
+        interval: fused optimizers write parameters and their state without moving the version
+        counter, and a tensor that changes at every step would fail every save it is not copied in."""
         before = record.seen.print
-        if before is None:
+        if before is None or not record.seen.steady:
             return None
         import torch
 
@@ -171,13 +189,34 @@ class ChangeWatch:
             seen.digest = earlier.digest  # hashed at this very save point, before the copy
         seen.buffer = buffer
         if device is not None and printable(tensor):
-            source = tensor.detach()
-
-            def fingerprint() -> None:
-                seen.print = print_of(source)
-
-            device.run(source.device.index, fingerprint, source)
+            self._fingerprint(path, tensor, seen, device)
         self._now[path] = seen
+
+    def _fingerprint(self, path: str, tensor: Any, seen: _Seen, copies: Any) -> None:
+        """Queue the fingerprint of a device tensor copied at this save point on its copy stream, and
+        its comparison with the print of the newest committed step, read at commit: equal, the tensor
+        is steady, and the next save may prove it unchanged instead of copying it."""
+        import torch
+
+        record = self._records.get(path)
+        prior = self._dropped.get(path) or (record.seen if record is not None else None)
+        before = prior.print if prior is not None else None
+        source = tensor.detach()
+        same = torch.zeros(1, dtype=torch.bool, pin_memory=tensor.is_cuda)
+
+        def fingerprint() -> None:
+            seen.print = print_of(source)
+            if before is not None:
+                same.copy_(~changed(seen.print, before), non_blocking=True)
+
+        ticket = copies.run(source.device.index, fingerprint, source)
+        if before is not None:
+
+            def steady() -> bool:
+                copies.ready(ticket)
+                return bool(same.item())
+
+            seen.steadiness = steady
 
     def staged(self, path: str, buffer: np.ndarray[Any, Any]) -> None:
         """The bytes of ``path`` copied at this save point (a clone on the device) landed in ``buffer``."""
@@ -201,13 +240,15 @@ class ChangeWatch:
                 holding = Holding(entry.ref, created, dataclasses.replace(entry, ref=None))
             if get_codec(holding.entry.codec).lossy:
                 continue  # a lossy payload is not the bytes: encoding them anew may come out closer
+            if seen.steadiness is not None:
+                seen.steady, seen.steadiness = seen.steadiness(), None
             seen.digest = raw_digest(holding.entry) or seen.digest  # the committed bytes' own, if raw
             records[entry.path] = _Record(seen, holding)
-        self._records, self._now = records, {}
+        self._records, self._now, self._dropped = records, {}, {}
 
     def forget(self) -> None:
         """Forget every record: the next save copies every tensor."""
-        self._records, self._now = {}, {}
+        self._records, self._now, self._dropped = {}, {}, {}
 
 
 def raw_digest(entry: PayloadEntry) -> Digest | None:
@@ -226,8 +267,12 @@ def _digest(data: np.ndarray[Any, Any], chunk: int | None) -> Digest:
 
 
 def _seen(tensor: Any) -> _Seen | None:
-    """Where ``tensor`` lives and its version, if a save may hash it (big enough, plain bits, one
-    contiguous block, a version counter: inference tensors have none), else None."""
+    """Where ``tensor`` lives and its version, if a save may hash it (in host memory, or on a CUDA
+    device that fingerprints it: not MPS, XPU and the like, whose bytes the host cannot read in place;
+    big enough, plain bits, one contiguous block, a version counter: inference tensors have none),
+    else None."""
+    if tensor.device.type not in ("cpu", "cuda"):
+        return None
     if tensor.numel() * tensor.element_size() < MIN_BYTES or not tensor.is_contiguous():
         return None
     if tensor.is_conj() or tensor.is_neg():
