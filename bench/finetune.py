@@ -302,10 +302,12 @@ def read_limit(files: list[Path], repeat: int) -> float:
 def _read_base(tuned: Tuned) -> None:
     """Read every frozen byte once, as proving them unchanged must (docs/unchanged.md): xxh3 on the
     CPU, the device fingerprint on a GPU."""
-    from crashsafe.state.fingerprint import print_of
+    from crashsafe.state.fingerprint import print_of, printable
+    from crashsafe.state.unchanged import MIN_BYTES
 
     for name, tensor in tuned.model.state_dict().items():
-        if name not in tuned.trainable:
+        watched = tensor.nbytes >= MIN_BYTES and (printable(tensor) or not tensor.is_cuda)
+        if name not in tuned.trainable and watched:  # smaller ones are copied at every save
             if tensor.is_cuda:
                 print_of(tensor)
             else:

@@ -73,6 +73,7 @@ def _in_place(leaves: list[ArrayLeaf], watch: ChangeWatch) -> list[Any]:
     """The leaves' bytes viewed where they are (a save that writes before it returns), each CPU
     tensor ``watch`` proves unchanged as its Unchanged."""
     watch.begin()
+    watch.prehash([(leaf.path, leaf.source) for leaf in leaves if leaf.kind == "torch" and leaf.nbytes])
     arrays: list[Any] = []
     for leaf in leaves:
         viewed, found = view_bytes(leaf), None  # an Unchanged's bytes too: typed, for every codec

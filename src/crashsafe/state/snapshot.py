@@ -190,6 +190,7 @@ class _Walk:
         for a switch interval). Hashed here, where they are copied, after every ``state_dict()`` the
         walk called (one may write a tensor found before it). CUDA tensors' copies were queued on the
         pool's copy streams as they were found."""
+        self.pool.prehash([(path, tensor) for _, tensor, path in self.copies])
         copies = [c for c in self.copies if not self.pool.unchanged_tensor(c[2], c[1])]
         if not copies:
             return

@@ -96,6 +96,7 @@ class StagingPool:
         it returns; their bytes are there after :meth:`settle`."""
         self.begin(watch)
         self.retain({leaf.path for leaf in leaves})
+        self.prehash([(leaf.path, leaf.source) for leaf in leaves if leaf.kind == "torch" and leaf.nbytes])
         copies = [self._take(leaf) for leaf in leaves]
         self.issue()
         return copies
@@ -135,6 +136,12 @@ class StagingPool:
         if found is not None:
             self.unchanged[path] = found
         return found is not None
+
+    def prehash(self, items: list[tuple[str, Any]]) -> None:
+        """Hash the CPU tensors among ``(path, tensor)`` items on every core before they are checked
+        one by one (:meth:`ChangeWatch.prehash`)."""
+        if self._watch is not None:
+            self._watch.prehash(items)
 
     def copied(self, path: str, tensor: Any) -> None:
         """CPU ``tensor`` at ``path`` was copied into its buffer at this save point (the watch learns it)."""
