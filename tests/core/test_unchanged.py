@@ -464,3 +464,30 @@ def test_shared_memory_written_by_another_process(tmp_path: Path) -> None:
         manager.wait()
     assert "model.2.weight" not in _referenced(tmp_path, 3)
     assert _same(_loaded(tmp_path, 3), expected)
+
+
+@pytest.mark.parametrize("codec", ["incremental", {"head.*": "lc"}], ids=["incremental", "lc-on-the-head"])
+def test_codecs_on_the_changing_part_while_the_base_is_referred_to(tmp_path: Path, codec: Any) -> None:
+    """A delta codec on every path, or a lossy one on the trained part: the frozen base is referred
+    to, and the changing part is saved exactly as it is with references turned off."""
+    loads: dict[bool, list[dict[str, Any]]] = {}
+    for unchanged in (True, False):
+        base = _model()
+        torch.manual_seed(1)
+        head = torch.nn.Linear(COLS, COLS)
+        optim = torch.optim.SGD(head.parameters(), lr=0.1)
+        directory = tmp_path / str(unchanged)
+        with cs.CheckpointManager(directory, codec=codec, keep_last=None, unchanged=unchanged) as manager:
+            for step in range(1, 6):
+                head(torch.randn(4, COLS)).sum().backward()
+                optim.step()
+                manager.save(step, {"model": base, "head": head})
+            manager.wait()
+        with cs.CheckpointManager(directory, read_only=True) as reader:
+            loads[unchanged] = [reader.load(step) for step in range(1, 6)]
+    assert {f"model.{k}" for k in base.state_dict()} <= _referenced(tmp_path / "True", 5)
+    assert not any(path.startswith("head.") for path in _referenced(tmp_path / "True", 5))
+    as_torch = lambda values: {k: torch.as_tensor(v) for k, v in values.items()}  # noqa: E731
+    for referring, copying in zip(loads[True], loads[False], strict=True):
+        assert _same(as_torch(referring["model"]), _values(base))
+        assert _same(as_torch(referring["head"]), as_torch(copying["head"]))

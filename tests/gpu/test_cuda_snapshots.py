@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 import crashsafe as cs
-from crashsafe.errors import CorruptCheckpointWarning
+from crashsafe.errors import CorruptCheckpointWarning, CrashsafeWarning
 
 pytestmark = [
     pytest.mark.cuda,
@@ -175,7 +175,7 @@ def test_a_damaged_step_falls_back_and_the_live_cuda_state_ends_in_the_older_ste
 def test_beyond_the_pinned_cap_tensors_stage_in_pageable_memory_with_one_warning(tmp_path: Path) -> None:
     state = {f"t{i}": torch.full((1 << 20,), float(i), device="cuda") for i in range(4)}
     with (
-        pytest.warns(ResourceWarning, match="pinned_bytes"),
+        pytest.warns(CrashsafeWarning, match="pinned_bytes"),
         cs.CheckpointManager(tmp_path, pinned_bytes=1 << 20) as mgr,
     ):
         for step in range(3):
