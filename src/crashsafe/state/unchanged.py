@@ -34,6 +34,7 @@ __all__ = ["MIN_BYTES", "ChangeWatch", "Holding", "Unchanged", "raw_digest"]
 
 MIN_BYTES = 1 << 17  # smaller tensors are copied: hashing them saves too little to be worth a call
 HASHING_THREADS = max(1, min(4, os.cpu_count() or 1))
+MAX_BACKOFF = 6  # a CPU tensor found changed k times in a row is next hashed 2**k - 1 saves later (<= 63)
 Digest = tuple[int | None, str]  # the chunk size it was taken with (None: xxh3-64 of it all), its hex
 
 
@@ -63,6 +64,8 @@ class _Seen:
     buffer: np.ndarray[Any, Any] | None = None  # the staging buffer its bytes were copied into
     steady: bool = False  # a device tensor: its print was the same at the save point before this one
     steadiness: Callable[[], bool] | None = None  # that comparison, queued on the device, read at commit
+    misses: int = 0  # a CPU tensor: save points in a row it was hashed and found changed
+    skip: int = 0  # save points to come at which it is copied without hashing (after misses)
 
 
 @dataclass
@@ -123,7 +126,9 @@ class ChangeWatch:
         jobs = []
         for path, tensor in items:
             record = self._records.get(path)
-            if record is None or record.seen.digest is None or tensor.device.type != "cpu":
+            if record is None or record.seen.digest is None or record.seen.skip:
+                continue
+            if tensor.device.type != "cpu":
                 continue
             seen = _seen(tensor) if self.enabled else None
             if seen is not None and (seen.key, seen.version) == (record.seen.key, record.seen.version):
@@ -164,13 +169,21 @@ class ChangeWatch:
             return None  # its buffer is not the one that received the committed bytes: copy it
         if device is not None:
             return self._on_device(path, tensor, record, held, device)
+        if record.seen.skip:  # changed at every step behind the counter's back (a fused optimizer)
+            seen.misses, seen.skip = record.seen.misses, record.seen.skip - 1
+            self._now[path] = seen
+            return None
         kept = record.seen.digest
         hashed = self._hashed.pop(path, None)
         if hashed is None:
             hashed = _digest(_bytes(tensor), None if kept is None else kept[0])
         seen.digest = hashed
         self._now[path] = seen
-        if seen.digest != kept:
+        if kept is None:  # the committed bytes' digest is not known (not stored raw): this one will be
+            return None
+        if seen.digest != kept:  # hashed again after 1, 3, 7, ... 63 saves that copy it unhashed
+            seen.misses = record.seen.misses + 1
+            seen.skip = (1 << min(seen.misses, MAX_BACKOFF)) - 1
             return None
         seen.buffer = record.seen.buffer
         return Unchanged(path, record.holding, held)
@@ -210,8 +223,8 @@ class ChangeWatch:
         if seen is None:
             return
         earlier = self._now.get(path)
-        if earlier is not None:
-            seen.digest = earlier.digest  # hashed at this very save point, before the copy
+        if earlier is not None:  # hashed (or skipped) at this very save point, before the copy
+            seen.digest, seen.misses, seen.skip = earlier.digest, earlier.misses, earlier.skip
         seen.buffer = buffer
         if device is not None and printable(tensor):
             self._fingerprint(path, tensor, seen, device)
