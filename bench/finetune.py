@@ -28,6 +28,7 @@ import statistics
 import time
 import warnings
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -303,16 +304,22 @@ def _read_base(tuned: Tuned) -> None:
     """Read every frozen byte once, as proving them unchanged must (docs/unchanged.md): xxh3 on the
     CPU, the device fingerprint on a GPU."""
     from crashsafe.state.fingerprint import print_of, printable
-    from crashsafe.state.unchanged import MIN_BYTES
+    from crashsafe.state.unchanged import HASHING_THREADS, MIN_BYTES
 
-    for name, tensor in tuned.model.state_dict().items():
-        watched = tensor.nbytes >= MIN_BYTES and (printable(tensor) or not tensor.is_cuda)
-        if name not in tuned.trainable and watched:  # smaller ones are copied at every save
-            if tensor.is_cuda:
-                print_of(tensor)
-            else:
-                xxhash.xxh3_64_intdigest(tensor.reshape(-1).view(torch.uint8).numpy())
-    _settle()
+    frozen = [
+        tensor
+        for name, tensor in tuned.model.state_dict().items()
+        if name not in tuned.trainable  # and watched: smaller ones are copied at every save
+        and tensor.nbytes >= MIN_BYTES
+        and (printable(tensor) or not tensor.is_cuda)
+    ]
+    if DEVICE.type == "cuda":
+        for tensor in frozen:
+            print_of(tensor)
+        _settle()
+        return
+    with ThreadPoolExecutor(HASHING_THREADS) as threads:  # as many as crashsafe's hashing uses
+        list(threads.map(lambda t: xxhash.xxh3_64_intdigest(t.reshape(-1).view(torch.uint8).numpy()), frozen))
 
 
 def _settle() -> None:
@@ -499,7 +506,11 @@ def targets(result: dict[str, Any], size: str) -> list[str]:
 
 
 def _hash_name() -> str:
-    return "the device fingerprint" if DEVICE.type == "cuda" else "xxh3, one thread"
+    if DEVICE.type == "cuda":
+        return "the device fingerprint"
+    from crashsafe.state.unchanged import HASHING_THREADS
+
+    return f"xxh3 on {HASHING_THREADS} threads"
 
 
 def _device_name() -> str:
