@@ -133,6 +133,7 @@ class ChainReader(Closing):
         self._pinned: frozenset[int] = frozenset()
         self._parts: dict[int, Parts] = {}  # each open step's payloads by part
         self._references: dict[Part, tuple[int, Reference]] | None = {} if keep_references else None
+        self._intact: set[int] = set()  # steps a pass verified whole; and parts of others read by references:
         self._verified: set[tuple[int, Part]] | None = set() if keep_references else None
 
     def manifest(self, step: int) -> Manifest:
@@ -143,6 +144,8 @@ class ChainReader(Closing):
         order. With ``verify_only`` raw payloads are checksummed in a stream and yielded as None."""
         for entry in self.manifest(step).payloads:
             yield entry, self.decode(step, entry, verify_only=verify_only)
+        if verify_only and self._verified is not None:
+            self._intact.add(step)  # its parts need not be remembered one by one
 
     def decode(
         self,
@@ -164,7 +167,7 @@ class ChainReader(Closing):
         with self._reading(step):
             at, own = self._owner(step, entry)
             seen = (at, part_of(own))
-            if verify_only and self._verified is not None and seen in self._verified:
+            if verify_only and self._verified is not None and (at in self._intact or seen in self._verified):
                 return None  # bytes another step refers to, verified in this pass already
             with self._referred(step, at, entry):
                 if upload is not None:
@@ -172,7 +175,7 @@ class ChainReader(Closing):
                 if out is not None:
                     return self._into(at, own, out)
                 found = self._payload(at, own, verify_only)
-            if verify_only and self._verified is not None:
+            if verify_only and self._verified is not None and at != step:
                 self._verified.add(seen)
             return found
 
@@ -434,6 +437,7 @@ class ChainReader(Closing):
         self._held.clear()
         self._reading_now, self._pinned = None, frozenset()
         self._parts.clear()
+        self._intact.clear()
 
 
 def _layout(entry: PayloadEntry) -> tuple[np.dtype[Any], tuple[int, ...]]:
