@@ -118,7 +118,8 @@ def read_step(store: Store, step: int) -> tuple[Manifest, list[np.ndarray[Any, A
 class ChainReader(Closing):
     """Decodes the payloads of committed steps of one directory, following delta chains.
 
-    Step readers stay open while it lives (a chain revisits its steps once per payload). With
+    Step readers stay open while it lives (a chain revisits its steps once per payload; the least
+    recently used go beyond a few dozen, but never the step read now nor the steps it refers to). With
     ``keep_references`` the newest reconstruction of each delta-coded path is kept, so reading
     consecutive steps (as verification does) decodes every link of a chain once, not once per step,
     and bytes that several steps refer to are verified once.
@@ -128,8 +129,11 @@ class ChainReader(Closing):
         self.store = store
         self._readers: OrderedDict[int, StepReader] = OrderedDict()
         self._held: set[int] = set()  # steps whose readers stay open (open_chains)
+        self._reading_now: int | None = None  # the step read now: it and the steps it refers to stay open
+        self._pinned: frozenset[int] = frozenset()
         self._parts: dict[int, Parts] = {}  # each open step's payloads by part
         self._references: dict[Part, tuple[int, Reference]] | None = {} if keep_references else None
+        self._intact: set[int] = set()  # steps a pass verified whole; and parts of others read by references:
         self._verified: set[tuple[int, Part]] | None = set() if keep_references else None
 
     def manifest(self, step: int) -> Manifest:
@@ -140,6 +144,8 @@ class ChainReader(Closing):
         order. With ``verify_only`` raw payloads are checksummed in a stream and yielded as None."""
         for entry in self.manifest(step).payloads:
             yield entry, self.decode(step, entry, verify_only=verify_only)
+        if verify_only and self._verified is not None:
+            self._intact.add(step)  # its parts need not be remembered one by one
 
     def decode(
         self,
@@ -161,7 +167,7 @@ class ChainReader(Closing):
         with self._reading(step):
             at, own = self._owner(step, entry)
             seen = (at, part_of(own))
-            if verify_only and self._verified is not None and seen in self._verified:
+            if verify_only and self._verified is not None and (at in self._intact or seen in self._verified):
                 return None  # bytes another step refers to, verified in this pass already
             with self._referred(step, at, entry):
                 if upload is not None:
@@ -169,7 +175,7 @@ class ChainReader(Closing):
                 if out is not None:
                     return self._into(at, own, out)
                 found = self._payload(at, own, verify_only)
-            if verify_only and self._verified is not None:
+            if verify_only and self._verified is not None and at != step:
                 self._verified.add(seen)
             return found
 
@@ -232,8 +238,12 @@ class ChainReader(Closing):
 
     @contextlib.contextmanager
     def _reading(self, step: int) -> Iterator[None]:
-        """Errors of a read of ``step``: a step deleted meanwhile (by retention) vanished, not damaged."""
+        """Errors of a read of ``step``: a step deleted meanwhile (by retention) vanished, not damaged.
+        While ``step`` is read, it and the steps it refers to stay open: references that alternate
+        between more holders than the readers kept open read each manifest once, not once each."""
         target = self._reader(step)
+        if step != self._reading_now:
+            self._reading_now, self._pinned = step, frozenset({step}) | target.manifest.references
         try:
             yield
         except (CorruptCheckpointError, NoCheckpointError):
@@ -411,11 +421,13 @@ class ChainReader(Closing):
             self._readers.move_to_end(step)
             return reader
         reader = self._readers[step] = StepReader(self.store, step)
-        if len(self._readers) > _OPEN_READERS:  # the least recently used one that is not held
-            idle = next((at for at in self._readers if at not in self._held and at != step), None)
-            if idle is not None:
-                self._readers.pop(idle).close()
-                self._parts.pop(idle, None)
+        while len(self._readers) > _OPEN_READERS:  # the least recently used ones that are not held
+            kept = self._held | self._pinned | {step}
+            idle = next((at for at in self._readers if at not in kept), None)
+            if idle is None:
+                break
+            self._readers.pop(idle).close()
+            self._parts.pop(idle, None)
         return reader
 
     def close(self) -> None:
@@ -423,7 +435,9 @@ class ChainReader(Closing):
             reader.close()
         self._readers.clear()
         self._held.clear()
+        self._reading_now, self._pinned = None, frozenset()
         self._parts.clear()
+        self._intact.clear()
 
 
 def _layout(entry: PayloadEntry) -> tuple[np.dtype[Any], tuple[int, ...]]:

@@ -2,7 +2,8 @@
 
 Verification decodes every payload through its delta chain and references, exactly as ``load``
 does, so a step reported intact is a step that loads: bytes a step refers to are checked as the
-bytes of the step holding them (once per pass, however many steps refer to them). It streams: one
+bytes of the step holding them (once per pass, however many steps refer to them; a pass remembers
+the steps it verified whole, not each of their payloads). It streams: one
 payload is decoded at a time (raw payloads are checksummed through a small buffer without being
 held), and consecutive steps share the reconstruction of each delta-coded path so every chain link
 is decoded once.

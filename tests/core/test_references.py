@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
+import tracemalloc
 import warnings
 from pathlib import Path
 from typing import Any
@@ -24,7 +26,7 @@ from crashsafe.storage.local import LocalStore
 from crashsafe.storage.reader import StepReader
 from crashsafe.storage.writer import StepWriter, delete_steps
 
-from ..refsteps import commit_references
+from ..refsteps import commit_references, resign
 
 INCREMENTAL = cs.codecs.Incremental(full_every=100)
 
@@ -296,3 +298,25 @@ def test_an_upload_to_device_memory_reads_through_references(tmp_path: Path, cod
         upload = _HostUpload(64 * 32 * 4)
         chains.decode(30, entry, upload=upload)  # type: ignore[arg-type]
         assert np.all(upload.target.view(np.float32) == 20.0)
+
+
+def test_verify_remembers_per_step_not_per_payload_what_a_pass_verified(tmp_path: Path) -> None:
+    """Verification streams: what a pass remembers to check shared bytes once grows with the steps it
+    verified, not with every payload of each (a store of many steps of many tensors)."""
+    arrays = {f"model.layers.{k}.self_attn.q_proj.weight": np.full(2, float(k)) for k in range(300)}
+    with cs.CheckpointManager(tmp_path, keep_last=None, async_save=False) as mgr:
+        mgr.save(0, arrays)
+    for step in range(1, 80):  # the same bytes as step 0, under other step numbers
+        shutil.copytree(step_dir(tmp_path, 0), step_dir(tmp_path, step))
+        resign(tmp_path, step, lambda body, step=step: body.update(step=step))  # type: ignore[misc]
+    held: dict[int, int] = {}
+
+    def note(report: cs.StepReport) -> None:
+        held[report.step] = tracemalloc.get_traced_memory()[0]
+
+    tracemalloc.start()
+    try:
+        assert len(cs.verify(tmp_path, progress=note).intact) == 80
+    finally:
+        tracemalloc.stop()
+    assert held[79] - held[39] < 1 << 19  # 40 more steps of 300 payloads: not 12,000 parts remembered

@@ -5,19 +5,26 @@ CorruptCheckpointError; restore falls back to an older step, verify reports it, 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 import crashsafe as cs
+import crashsafe.storage.reader as reader_module
 from crashsafe.format.manifest import MANIFEST_NAME, Manifest, PayloadEntry, base_mark
 from crashsafe.references import Parts, held
 from crashsafe.storage.layout import step_dir
+from crashsafe.storage.reader import read_manifest
+from crashsafe.storage.stores import open_store
+from crashsafe.storage.writer import StepWriter
 
 from ..refsteps import Body, commit_references, payload, resign
 from .test_references import _run, _same, state
@@ -181,3 +188,49 @@ def test_references_never_read_outside_the_checkpoint(tmp_path: Path) -> None:
     data.symlink_to(outside)
     with pytest.raises(cs.CorruptCheckpointError, match="refers to step 20, which is damaged"):
         cs.CheckpointManager(tmp_path, read_only=True).load(30)
+
+
+HOLDERS, PARTS = 40, 120  # more holders than a ChainReader keeps open, each holding every part
+
+
+def _alternating(directory: Path) -> int:
+    """Steps 1..HOLDERS hold the same PARTS arrays; the step after refers to part k of step
+    ``k % HOLDERS + 1``, so its references alternate between more holders than stay open."""
+    state = {f"p{k:03d}": np.full(8, float(k), dtype=np.float32) for k in range(PARTS)}
+    with cs.CheckpointManager(directory, keep_last=None, async_save=False) as mgr:
+        for step in range(1, HOLDERS + 1):
+            mgr.save(step, state)
+    step = HOLDERS + 1
+    with contextlib.closing(open_store(directory)) as store:
+        holders = {s: read_manifest(store, s) for s in range(1, HOLDERS + 1)}
+        holding = [k % HOLDERS + 1 for k in range(PARTS)]
+        refs = tuple(dataclasses.replace(holders[h].payloads[k], ref=h) for k, h in enumerate(holding))
+        writer = StepWriter(store, step)
+        info = {base_mark(s): m.created for s, m in holders.items()}
+        writer.commit(Manifest(step, time.time(), holders[1].tree, refs, writer.files(), {}, info))
+    return step
+
+
+def test_references_alternating_between_many_holders_read_each_manifest_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bounded work: a step whose references alternate between more steps than a reader keeps open
+    reads each of their manifests once per read of the step (not once per reference: each manifest
+    may be 96 MiB, and a step may hold a million references)."""
+    step = _alternating(tmp_path)
+    reads = [0]
+    real = reader_module.loads
+
+    def counted(*args: Any, **kwargs: Any) -> Manifest:
+        reads[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(reader_module, "loads", counted)
+    reader = cs.CheckpointManager(tmp_path, read_only=True)
+    for read in (lambda: reader.load(step), lambda: reader.load(step, mmap=True)):
+        reads[0] = 0
+        loaded = read()
+        assert all(np.all(np.asarray(loaded[f"p{k:03d}"]) == k) for k in range(PARTS))
+        assert reads[0] <= HOLDERS + 2  # the step and each holder once (the manager may list the step)
+    reads[0] = 0
+    assert cs.verify(tmp_path, steps=[step]).ok and reads[0] <= HOLDERS + 1
