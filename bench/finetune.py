@@ -36,6 +36,7 @@ import torch
 import xxhash
 
 import crashsafe as cs
+from bench.core import fsync_path
 from bench.finetune_report import ADAPTER_CS, BATCH, DCP, DEFAULT_CS, FULL_CS, RANK, WIDTH, ms, plot, report
 
 RESULTS = Path(__file__).parent / "results"
@@ -104,14 +105,6 @@ def same(a: Tuned, b: Tuned) -> bool:
     return oa.keys() == ob.keys() and all(
         torch.equal(torch.as_tensor(oa[i][k]), torch.as_tensor(ob[i][k])) for i in oa for k in oa[i]
     )
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # ----------------------------------------------------------------------------- savers
@@ -200,7 +193,7 @@ class TorchSave(Saver):
             torch.save(payload, f)
             f.flush()
             os.fsync(f.fileno())
-        _fsync(self.where)
+        fsync_path(self.where)
 
     def owned(self, step: int) -> int:
         for old in self.where.glob("*.pt"):  # keep the newest (outside the timings)
@@ -242,7 +235,7 @@ class Dcp(Saver):
 
     def wait(self) -> None:
         self.future.result()
-        _fsync(self.where)  # DCP fsyncs its files; the new directory's entry too
+        fsync_path(self.where)  # DCP fsyncs its files; the new directory's entry too
 
     def owned(self, step: int) -> int:
         for old in self.where.iterdir():

@@ -34,7 +34,7 @@ __all__ = ["MIN_BYTES", "ChangeWatch", "Holding", "Unchanged", "raw_digest"]
 
 MIN_BYTES = 1 << 17  # smaller tensors are copied: hashing them saves too little to be worth a call
 HASHING_THREADS = max(1, min(4, os.cpu_count() or 1))
-MAX_BACKOFF = 6  # a CPU tensor found changed k times in a row is next hashed 2**k - 1 saves later (<= 63)
+MAX_BACKOFF = 6  # a CPU tensor found changed k times in a row is next hashed 2**(k-1) - 1 saves later (<= 63)
 Digest = tuple[int | None, str]  # the chunk size it was taken with (None: xxh3-64 of it all), its hex
 
 
@@ -181,9 +181,9 @@ class ChangeWatch:
         self._now[path] = seen
         if kept is None:  # the committed bytes' digest is not known (not stored raw): this one will be
             return None
-        if seen.digest != kept:  # hashed again after 1, 3, 7, ... 63 saves that copy it unhashed
+        if seen.digest != kept:  # found changed twice in a row: hashed again after 1, 3, 7, ... 63 saves
             seen.misses = record.seen.misses + 1
-            seen.skip = (1 << min(seen.misses, MAX_BACKOFF)) - 1
+            seen.skip = (1 << min(seen.misses - 1, MAX_BACKOFF)) - 1
             return None
         seen.buffer = record.seen.buffer
         return Unchanged(path, record.holding, held)
