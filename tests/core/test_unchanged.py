@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import multiprocessing
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -521,3 +522,62 @@ def test_a_tensor_changed_behind_the_counter_at_every_step_is_hashed_ever_more_r
         with cs.CheckpointManager(tmp_path, read_only=True) as reader:
             loaded = {k: torch.as_tensor(v) for k, v in reader.load(step)["model"].items()}
         assert _same(loaded, values), step
+
+
+def test_device_tensors_that_training_changes_are_fingerprinted_only_once(
+    tmp_path: Path, fake_device: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fingerprint costs a pass over the tensor on its device: one whose version counter moves at
+    every step (a trained parameter) is fingerprinted at its first save only; a frozen one until it
+    is referred to."""
+    import crashsafe.state.unchanged as unchanged
+
+    printed: list[int] = []
+    print_of = unchanged.print_of
+    monkeypatch.setattr(unchanged, "print_of", lambda t: printed.append(t.data_ptr()) or print_of(t))
+    torch.manual_seed(0)
+    trained, frozen = fake_device(torch.randn(ROWS, COLS)), fake_device(torch.randn(ROWS, COLS))
+    with cs.CheckpointManager(tmp_path, keep_last=None) as manager:
+        for step in range(1, 7):
+            with torch.no_grad():
+                trained.add_(1.0)  # counted: its version moves
+            manager.save(step, {"trained": trained, "frozen": frozen})
+        manager.wait()
+    assert printed.count(trained.data_ptr()) == 1
+    assert _referenced(tmp_path, 6) == {"frozen"}
+    with cs.CheckpointManager(tmp_path, read_only=True) as reader:
+        assert torch.equal(torch.as_tensor(reader.load(6)["trained"]), trained)
+
+
+def test_a_forked_child_fingerprints_while_a_parent_thread_held_the_lock() -> None:
+    """The fingerprint keys' lock, held by another thread of the parent at the fork, is the child's
+    anew (as crashsafe._cuda's is): the child's first fingerprint does not hang."""
+    import os
+    import threading
+
+    import crashsafe.state.fingerprint as fingerprint
+
+    taken, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with fingerprint._LOCK:
+            taken.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    taken.wait(30)
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: a CPU tensor takes the same path as a device one
+            os._exit(0 if fingerprint.printable(torch.zeros(64 << 10)) else 1)
+        deadline = time.monotonic() + 30
+        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if done[0] == 0:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+        assert done[0] == pid and os.waitstatus_to_exitcode(done[1]) == 0, "the child hung or failed"
+    finally:
+        release.set()
+        holder.join()

@@ -13,6 +13,7 @@ one value of that key solves it), so a changed row goes unseen with probability 
 
 from __future__ import annotations
 
+import os
 import secrets
 import threading
 from dataclasses import dataclass
@@ -25,6 +26,17 @@ COLUMNS = 8  # independent keys: 255**-8 < 2**-63 per changed row
 _MIN_ROWS = 17  # torch._int_mm wants more than 16 rows
 _KEYS: dict[Any, Any] = {}  # device -> its int8 key matrix (ROW x COLUMNS)
 _LOCK = threading.Lock()
+
+
+def _forget_in_child() -> None:
+    """In a forked child: the parent's device keys are not the child's, and a parent thread may have
+    held the lock at the fork (as ``crashsafe._cuda`` does)."""
+    global _LOCK
+    _LOCK = threading.Lock()
+    _KEYS.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 @dataclass(frozen=True)

@@ -113,11 +113,20 @@ class ChangeWatch:
         self._now: dict[str, _Seen] = {}  # this save point: what each watched tensor was
         self._dropped: dict[str, _Seen] = {}  # this save point: the records it found changed
         self._hashed: dict[str, Digest] = {}  # digests taken by prehash() for the checks that follow
+        self._looked: dict[str, tuple[Any, _Seen | None]] = {}  # this save point: each path's tensor
 
     def begin(self) -> None:
         """A new save point (a snapshot given up before it committed leaves nothing behind)."""
         self._now, self._dropped = {}, {}
-        self._hashed = {}
+        self._hashed, self._looked = {}, {}
+
+    def _look(self, path: str, tensor: Any) -> _Seen | None:
+        """``tensor`` at ``path`` as this save point found it, looked at once (prehash, check and saw
+        ask in turn: the training thread pays for one look per tensor)."""
+        found = self._looked.get(path)
+        if found is None or found[0] is not tensor:
+            found = self._looked[path] = (tensor, _seen(tensor) if self.enabled else None)
+        return found[1]
 
     def prehash(self, items: list[tuple[str, Any]]) -> None:
         """Hash at once, on every core, the CPU tensors among ``(path, tensor)`` items that
@@ -130,7 +139,7 @@ class ChangeWatch:
                 continue
             if tensor.device.type != "cpu":
                 continue
-            seen = _seen(tensor) if self.enabled else None
+            seen = self._look(path, tensor)
             if seen is not None and (seen.key, seen.version) == (record.seen.key, record.seen.version):
                 jobs.append((path, tensor, record.seen.digest[0]))
         if len(jobs) > 1:
@@ -160,7 +169,7 @@ class ChangeWatch:
         self, path: str, tensor: Any, held: np.ndarray[Any, Any] | None, live: bool, device: Any
     ) -> Unchanged | None:
         record = self._records.get(path)
-        seen = _seen(tensor) if self.enabled else None
+        seen = self._look(path, tensor)
         if seen is None or record is None:
             return None
         if (seen.key, seen.version) != (record.seen.key, record.seen.version):
@@ -219,7 +228,7 @@ class ChangeWatch:
         """``tensor`` at ``path`` was copied at this save point (into ``buffer``, a staging buffer, if
         any); a device tensor's fingerprint is queued on ``device`` (its snapshot's copies) to prove
         it unchanged at a later save."""
-        seen = _seen(tensor) if self.enabled else None
+        seen = self._look(path, tensor)
         if seen is None:
             return
         earlier = self._now.get(path)
@@ -233,11 +242,16 @@ class ChangeWatch:
     def _fingerprint(self, path: str, tensor: Any, seen: _Seen, copies: Any) -> None:
         """Queue the fingerprint of a device tensor copied at this save point on its copy stream, and
         its comparison with the print of the newest committed step, read at commit: equal, the tensor
-        is steady, and the next save may prove it unchanged instead of copying it."""
+        is steady, and the next save may prove it unchanged instead of copying it. Only for a tensor
+        seen for the first time or whose version counter did not move since: training's parameters
+        and optimizer state move it at every step, and fingerprinting them would cost every save a
+        pass over the whole state on the device (and keep ~0.8% of it in prints) for nothing."""
         import torch
 
         record = self._records.get(path)
         prior = self._dropped.get(path) or (record.seen if record is not None else None)
+        if prior is not None and (prior.key, prior.version) != (seen.key, seen.version):
+            return
         before = prior.print if prior is not None else None
         source = tensor.detach()
         same = torch.zeros(1, dtype=torch.bool, pin_memory=tensor.is_cuda)
@@ -282,11 +296,11 @@ class ChangeWatch:
                 seen.steady, seen.steadiness = seen.steadiness(), None
             seen.digest = raw_digest(holding.entry) or seen.digest  # the committed bytes' own, if raw
             records[entry.path] = _Record(seen, holding)
-        self._records, self._now, self._dropped = records, {}, {}
+        self._records, self._now, self._dropped, self._looked = records, {}, {}, {}
 
     def forget(self) -> None:
         """Forget every record: the next save copies every tensor."""
-        self._records, self._now, self._dropped = {}, {}, {}
+        self._records, self._now, self._dropped, self._looked = {}, {}, {}, {}
 
 
 def raw_digest(entry: PayloadEntry) -> Digest | None:
@@ -308,10 +322,8 @@ def _seen(tensor: Any) -> _Seen | None:
     """Where ``tensor`` lives and its version, if a save may hash it (in host memory, or on a CUDA
     device that fingerprints it: not MPS, XPU and the like, whose bytes the host cannot read in place;
     big enough, plain bits, one contiguous block, a version counter: inference tensors have none),
-    else None."""
-    if tensor.device.type not in ("cpu", "cuda"):
-        return None
-    if tensor.numel() * tensor.element_size() < MIN_BYTES or not tensor.is_contiguous():
+    else None. Asked of every big tensor at every save point: a dozen cheap attribute reads."""
+    if tensor.nbytes < MIN_BYTES or not (tensor.is_cpu or tensor.is_cuda) or not tensor.is_contiguous():
         return None
     if tensor.is_conj() or tensor.is_neg():
         return None
@@ -319,10 +331,8 @@ def _seen(tensor: Any) -> _Seen | None:
         version = tensor._version
     except RuntimeError:  # an inference tensor: no counter at all
         return None
-    storage = tensor.untyped_storage()
-    key = (storage.data_ptr(), storage.nbytes(), tensor.data_ptr(), tensor.dtype, tuple(tensor.shape),
-           tensor.stride(), str(tensor.device))  # fmt: skip
-    return _Seen(key, version)
+    # a filter, not a proof (the hash is): the memory the tensor's elements sit in, and their layout
+    return _Seen((tensor.data_ptr(), tensor.dtype, tensor.shape, tensor.stride(), tensor.device), version)
 
 
 def _bytes(tensor: Any) -> np.ndarray[Any, Any]:
