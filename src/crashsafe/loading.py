@@ -35,6 +35,7 @@ from crashsafe.format.tree import ARRAY_NODES
 from crashsafe.state.rebuild import to_value, unflatten
 from crashsafe.storage.base import Store
 from crashsafe.storage.oserror import storage_error
+from crashsafe.storage.reader import read_manifest
 
 __all__ = [
     "READ_ATTEMPTS",
@@ -43,9 +44,11 @@ __all__ = [
     "first_intact",
     "holding",
     "listed_steps",
+    "manifest_of",
     "note_read",
     "on_damage",
     "read_state",
+    "read_step",
     "read_value",
     "reading_error",
     "skip_damaged",
@@ -325,6 +328,26 @@ def _skip(step: int, store: Store, bad: str, copy: bool, coord: Coordination) ->
     else:
         skip_damaged(f"skipping damaged checkpoint: {bad}. Falling back to an older step.")
         logger().warning("fell back from step %d because %s", step, bad)
+
+
+def read_step(
+    stores: Sequence[Store], step: int | None, numpy: bool, rank: int | None, device: Any, coord: Coordination
+) -> tuple[int, dict[str, Any]] | None:
+    """(step, the state as saved) of ``step``, or of the newest step every rank reads intact."""
+    read = lambda store, at, last: read_state(store, at, numpy, rank, None, device)  # noqa: E731
+    return first_intact(stores, step, read, coord)
+
+
+def manifest_of(stores: Sequence[Store], step: int | None, where: str) -> Manifest:
+    """The validated manifest of ``step`` (None: the newest), from the first store holding it intact."""
+    if step is None:
+        steps = sorted({s for listed in listed_steps(stores) for s in listed})
+        if not steps:
+            raise NoCheckpointError(f"no committed checkpoint in {where}")
+        step = steps[-1]
+    found = first_intact(stores, step, lambda store, at, last: read_manifest(store, at))
+    assert found is not None  # a step asked for is read or raises
+    return found[1]
 
 
 def note_read(step: int | None, asked: int | None, where: str, began: float) -> int | None:

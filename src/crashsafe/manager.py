@@ -29,20 +29,20 @@ from crashsafe.errors import (
     UnsupportedStateError,
 )
 from crashsafe.format.manifest import Manifest, checked_step
-from crashsafe.loading import check_device, first_intact, listed_steps, note_read, on_damage, read_state
+from crashsafe.loading import check_device, listed_steps, manifest_of, note_read, on_damage, read_step
 from crashsafe.mapping import map_step
+from crashsafe.memory_tier import MemoryParts, MemoryTier, memory_tier
 from crashsafe.pacing import Pacing
 from crashsafe.pending import PendingSave
 from crashsafe.policies.base import EverySteps, SaveContext, SavePolicy
 from crashsafe.policies.keep import KeepPolicy, Mode
 from crashsafe.policies.retention import UNSET, KeepSpec, Unset, retention_policy
 from crashsafe.preemption import EXIT_STATUS, SigtermWatch
-from crashsafe.restoring import restore_into
+from crashsafe.recovery import Recovery, restore_tiers
 from crashsafe.saving import SaveStats, Snapshot, take_snapshot
 from crashsafe.state.staging import StagingPool
 from crashsafe.step_facts import StepSpec, best_step, pick_step
 from crashsafe.storage.base import Store
-from crashsafe.storage.reader import read_manifest
 from crashsafe.tiers import Tiers
 
 __all__ = ["CheckpointManager", "CodecSpec", "SaveStats"]
@@ -84,6 +84,8 @@ class CheckpointManager:
             raises CoordinationError (a rank died or hangs), never hanging.
         pinned_bytes: cap on the pinned host memory staging CUDA tensors (docs/gpu.md).
         unchanged: False copies and writes every tensor, even one proven unchanged (docs/unchanged.md).
+        memory: a memory tier (docs/memory.md): a RAM-disk directory, or a :class:`MemoryTier`; every
+            save goes there, every ``persist_every``th also to ``directory``; ranks copy it to peers.
     """
 
     def __init__(
@@ -108,6 +110,7 @@ class CheckpointManager:
         coordination_timeout: float = DEFAULT_TIMEOUT,
         pinned_bytes: int | None = None,
         unchanged: bool = True,
+        memory: str | os.PathLike[str] | MemoryTier | None = None,
     ) -> None:
         self.directory = os.fspath(directory)
         self.mirror = None if mirror is None else os.fspath(mirror)
@@ -121,7 +124,8 @@ class CheckpointManager:
         self.async_save = async_save
         self.read_only = read_only
         self.policy: SavePolicy = policy if policy is not None else EverySteps(1)
-        self._planner = SavePlanner(codec, lossless, unchanged=unchanged)
+        tier = memory_tier(memory)
+        self._planner = SavePlanner(codec, lossless, unchanged=unchanged and tier is None)
         self._listed: set[int] | None = None  # the steps the last background save listed, and it
         self._pool = StagingPool(pinned_bytes) if async_save else None
         self._pending = PendingSave(background=async_save)
@@ -130,6 +134,8 @@ class CheckpointManager:
         self._closed = False
         self._pid = os.getpid()  # a forked child may read with this manager: never write, wait or release
         self._collective = collective_for(process_group, coordination_timeout, self.mirror)
+        self._memory: MemoryParts | None = None
+        self.recovery: Recovery | None = None  # how the last restore went: which step, from where, how long
         if read_only:
             if self.mirror is None:
                 self._tiers.open(self.directory, existing=True).close()  # it must exist
@@ -139,6 +145,7 @@ class CheckpointManager:
             self._collective.agree(lambda: self._tiers.open_writer(leader=True), f"opening {self.directory}")
             if not self._collective.leader:
                 self._tiers.open_writer(leader=False)
+            self._memory = MemoryParts(tier, self._collective.coord) if tier else None
         except BaseException:
             self.close()
             raise
@@ -162,24 +169,24 @@ class CheckpointManager:
         self._tiers.check(f"saving step {step}")
         cleaned = clean_metrics(metrics)
         checked = bool(self._pending.stats)  # a save committed: the state's layout was checked in full
-        replicas = self._collective.replicas
-        snapshot, planned = take_snapshot(state, store, self._pool, replicas, self._planner.watch, checked)
+        replicas, watch, memory = self._collective.replicas, self._planner.watch, self._memory
+        persistent = memory is None or memory.due() or self._sigterm.arrived  # else a memory save only
+        snapshot, planned = take_snapshot(state, store, self._pool, replicas, watch, checked, bool(memory))
         known = self._listed is None or step in self._listed  # else new: this writer holds the lock
-        if self._collective.committed(store, step, planned, known):
+        if persistent and self._collective.committed(store, step, planned, known):
             self._replace_damaged(step)
         stall = time.perf_counter() - begin
         self._pacing.stalled(stall)
         self._pacing.saved(step)
 
-        persist = functools.partial(self._persist, store, step, planned, snapshot, cleaned, stall)
+        persist = functools.partial(self._persist, store, step, planned, snapshot, cleaned, stall, persistent)
         self._pacing.stalled(self._pending.start(step, persist, begin))  # sync: it waited for the commit too
         if self._sigterm.arrived:
             self._exit_after_preemption()
 
     def _replace_damaged(self, step: int) -> None:
-        """Saving a committed step is refused, unless that step is damaged: a run that fell back
-        from it and trained on saves it again, so the damaged one is deleted first (with a warning).
-        Refused too if an intact step is a delta of it: the new save would leave that one unreadable."""
+        """Saving a committed step is refused, unless it is damaged (a run that fell back from it saves
+        it again: deleted first, with a warning) and no intact step is a delta of it."""
         self._collective.agree(lambda: self._tiers.make_room(step), f"saving step {step}")
         message = f"step {step} was committed but damaged; it was deleted and is saved again"
         warn(message, CorruptCheckpointWarning)
@@ -210,8 +217,7 @@ class CheckpointManager:
         self._wait_pending()
 
     def wait_mirror(self, timeout: float | None = None) -> bool:
-        """Block until every committed step is copied to the mirror (or failed to be, for now);
-        True when none is left to copy. Failures are reported as MirrorWarning."""
+        """Block until every committed step is in the mirror (or failed, for now: MirrorWarning)."""
         self._wait_pending()
         return self._tiers.wait_mirror(timeout)
 
@@ -227,12 +233,19 @@ class CheckpointManager:
 
     def _persist(
         self, store: Store, step: int, planned: Listing, snapshot: Callable[[], Snapshot],
-        metrics: dict[str, Any], stall: float,
+        metrics: dict[str, Any], stall: float, persistent: bool,
     ) -> SaveStats:  # fmt: skip
-        """Write and commit a save (``planned``: what the ranks agreed, or PLAN_LATER), then retention."""
+        """Write and commit a save (``planned``: what the ranks agreed, or PLAN_LATER): to the memory
+        tier first if there is one, then (``persistent``) to the store; then retention."""
         begin = time.perf_counter()
         info = {"crashsafe": _VERSION}
         tree, leaves, arrays = snapshot()
+        if self._memory is not None:
+            arrays = list(arrays)  # (staged: written twice on a persistent save)
+            kept = self._memory.save(step, tree, leaves, arrays, metrics, info)
+            if not persistent:
+                taken = time.perf_counter() - begin
+                return SaveStats(step, stall, taken, kept.raw_nbytes, kept.stored_nbytes)
         manifest, listed = save_step(
             self._collective.replicas, store, self._planner, step, planned, tree, leaves, arrays,
             metrics, info, self._replace_damaged,
@@ -296,14 +309,7 @@ class CheckpointManager:
     def manifest(self, step: int | None = None) -> Manifest:
         """The validated manifest of ``step`` (default: the newest)."""
         with self._tiers.reading() as stores:
-            if step is None:
-                steps = sorted({s for listed in listed_steps(stores) for s in listed})
-                if not steps:
-                    raise NoCheckpointError(f"no committed checkpoint in {self.directory}")
-                step = steps[-1]
-            found = first_intact(stores, step, lambda store, at, last: read_manifest(store, at))
-            assert found is not None  # a step asked for is read or raises
-            return found[1]
+            return manifest_of(stores, step, self.directory)
 
     def load(
         self,
@@ -327,11 +333,10 @@ class CheckpointManager:
         began, picked = time.perf_counter(), pick_step(step, metric, mode, self.best_step)
 
         def load(stores: list[Store]) -> tuple[int, dict[str, Any]] | None:
-            rank = self._collective.reader_rank  # (a rank maps its own part, falling back with the others)
+            rank, coord = self._collective.reader_rank, self._collective.coord  # a rank reads its own part
             if mmap:
-                return map_step(stores, picked, rank, self._collective.coord)
-            read = lambda store, at, last: read_state(store, at, numpy, rank, None, device)  # noqa: E731
-            return first_intact(stores, picked, read, self._collective.coord)
+                return map_step(stores, picked, rank, coord)
+            return read_step(stores, picked, numpy, rank, device, coord)
 
         loaded = self._read(load)
         if loaded is None:
@@ -357,7 +362,8 @@ class CheckpointManager:
         if not isinstance(state, MutableMapping):
             raise UnsupportedStateError(f"restore needs a dict of live objects, not a {type(state).__name__}")
         began, picked = time.perf_counter(), pick_step(step, metric, mode, self.best_step)
-        found = self._read(lambda stores: restore_into(stores, state, picked, self._collective))
+        restore = lambda stores: restore_tiers(stores, state, picked, self._collective, self._memory)  # noqa: E731
+        found, self.recovery = self._read(restore)
         return note_read(found, picked, self.directory, began)
 
     def _read(self, read: Callable[[list[Store]], _T]) -> _T:
@@ -383,6 +389,7 @@ class CheckpointManager:
             with contextlib.ExitStack() as parts:  # each closes, last pushed first, if another raises
                 parts.callback(self._sigterm.close)
                 parts.callback(self._tiers.close)  # the mirror, the lock, the store
+                parts.callback(self._memory.close if self._memory is not None else lambda: None)
                 parts.callback(self._pool.clear if self._pool is not None else lambda: None)
                 parts.callback(self._collective.close)
                 parts.callback(self._pending.close)

@@ -53,7 +53,7 @@ from crashsafe.state.inplace import Destination, live_destinations
 from crashsafe.state.rebuild import apply_into, check_into
 from crashsafe.storage.base import Store
 
-__all__ = ["restore_into"]
+__all__ = ["restore_into", "restore_part"]
 
 # payloads read or decoded at once: on an H100 machine (16 cores) 8 lanes restored a cached 1.6 GB
 # CUDA state in 0.66x the time of 4 (bench/results/gpu.md); here (2 cores) it is 2 either way
@@ -110,6 +110,18 @@ def restore_into(
         return None
     apply_into(state, found[1])
     return found[0]
+
+
+def restore_part(
+    store: Store, step: int, state: MutableMapping[str, Any], collective: Collective
+) -> Callable[[], None]:
+    """Phases 1 and 2 for this process's own single-process ``step`` of ``store`` (a memory-tier
+    part), with no verifying pass first: a damaged payload raises once live memory may be changed,
+    and the caller falls back to another step, restored completely. Returns phase 3, to run once
+    every rank read its part intact."""
+    agree = functools.partial(collective.before_writing, step=step)
+    saved = restore_step(store, step, state, False, _Changes(), None, collective.targets(state), agree)
+    return functools.partial(apply_into, state, saved)
 
 
 def _half_written(changes: _Changes) -> str:

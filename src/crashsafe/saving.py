@@ -41,6 +41,7 @@ def take_snapshot(
     replicas: ReplicaPlanner,
     watch: ChangeWatch,
     checked: bool,
+    copy_all: bool = False,
 ) -> tuple[Callable[[], Snapshot], Listing]:
     """The state copied into ``pool`` for a background save (no pool: viewed in place, for a save
     that writes before it returns), as a function giving its snapshot; and the plan the ranks agreed
@@ -50,8 +51,10 @@ def take_snapshot(
     thread pays for the copy, not for the checks. CUDA tensors' copies are issued on their devices'
     copy streams before it returns; the snapshot waits for each before its bytes are read. A tensor
     ``watch`` proves unchanged since the newest committed step is not copied: the snapshot gives its
-    :class:`~crashsafe.state.unchanged.Unchanged` instead of its bytes."""
-    if pool is not None and checked and not replicas.first:
+    :class:`~crashsafe.state.unchanged.Unchanged` instead of its bytes. ``copy_all``: every array is
+    copied, even one this rank will not write (a memory tier writes each rank's state whole)."""
+    first = replicas.first and not copy_all
+    if pool is not None and checked and not first:
         copied = fast_copy(state, pool, watch)  # None: a state it cannot judge, checked in full below
         if copied is not None:
             box, unchanged = [copied], pool.unchanged
@@ -59,7 +62,7 @@ def take_snapshot(
     tree, leaves = flatten(state)
     planned: Listing = PLAN_LATER  # every array copied; the plan is made from the copies
     staged = leaves
-    if replicas.first:  # a rank copies only what it writes
+    if first:  # a rank copies only what it writes
         planned = replicas.plan(leaves, lambda i: view_bytes(leaves[i]), store)
         staged = [leaves[i] for i in planned.writes]
     if pool is None:

@@ -44,6 +44,8 @@ LAYERS: list[tuple[str, ...]] = [
         "crashsafe.saving",
         "crashsafe.restoring",
         "crashsafe.mapping",
+        "crashsafe.memory_tier",
+        "crashsafe.recovery",
     ),
     ("crashsafe.shelf",),
     ("crashsafe.manager",),

@@ -1,0 +1,172 @@
+"""Restore with a memory tier (docs/memory.md): the ranks agree on the newest step that they can
+restore completely from memory, each rank from its own copy, else from a peer's copy pulled over
+the group; only if no such step is read intact do they restore from the persistent tier, as
+without a memory tier. Every rank restores the same step, and the decision is logged: which step,
+from where, how long.
+
+The persistent tier is not touched (not even listed) while the memory tier holds a complete step:
+its steps are every Nth save of the same run, so the memory tier's newest complete step is at least
+as new. Once a step is restored, the memory steps newer than it are deleted: the run saves those
+numbers anew, and an older save must never pass for a part of a new one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import MutableMapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from crashsafe._log import logger
+from crashsafe.distributed.collective import Collective, PeerProblem
+from crashsafe.errors import CorruptCheckpointError, CrashsafeError, NoCheckpointError, StorageError
+from crashsafe.loading import skip_damaged
+from crashsafe.memory_tier import PART_KEY, MemoryParts
+from crashsafe.restoring import restore_into, restore_part
+from crashsafe.storage.base import Store
+from crashsafe.storage.reader import read_manifest
+from crashsafe.storage.writer import delete_steps
+
+__all__ = ["Recovery", "restore_tiers"]
+
+ATTEMPTS = 3  # listings of the memory tier: a damaged copy is deleted and the step pulled again
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """How a restore went, on this rank: the ``step``, ``source`` ("memory": this rank's own copy,
+    "peer <rank>": a copy pulled from that rank, "persistent": the persistent tier) and seconds."""
+
+    step: int
+    source: str
+    seconds: float
+
+
+def restore_tiers(
+    stores: Sequence[Store],
+    state: MutableMapping[str, Any],
+    step: int | None,
+    collective: Collective,
+    memory: MemoryParts | None,
+) -> tuple[int | None, Recovery | None]:
+    """Restore ``step`` (None: the newest) into ``state``, from the memory tier if it holds it
+    complete, else from the persistent ``stores``; the step restored (None: there was none) and how."""
+    began = time.perf_counter()
+    if memory is not None:
+        recovered = _from_memory(memory, state, step, collective, began)
+        if recovered is not None:
+            memory.drop_after(recovered.step)
+            return recovered.step, recovered
+    found = restore_into(stores, state, step, collective)
+    if memory is None:
+        return found, None
+    memory.drop_after(found)
+    if found is None:
+        return None, None
+    recovery = Recovery(found, "persistent", time.perf_counter() - began)
+    logger().info("recovered step %d from the persistent tier in %.2f s", found, recovery.seconds)
+    return found, recovery
+
+
+def _holdings(memory: MemoryParts) -> dict[int, list[int]]:
+    """The memory steps this rank holds of each part, by owner: committed, with a manifest that
+    names that very part of a job of this size (a store left by another job is not taken)."""
+    found: dict[int, list[int]] = {}
+    for owner, store in memory.stores.items():
+        for step in store.steps():
+            try:
+                info = read_manifest(store, step).info
+            except (CrashsafeError, OSError):
+                continue  # damaged or gone: not a copy
+            if info.get(PART_KEY) == f"{owner}/{memory.coord.world}":
+                found.setdefault(owner, []).append(step)
+    return found
+
+
+def _from_memory(
+    memory: MemoryParts,
+    state: MutableMapping[str, Any],
+    asked: int | None,
+    collective: Collective,
+    began: float,
+) -> Recovery | None:
+    coord = memory.coord
+    for _ in range(ATTEMPTS):
+        held = coord.all_gather(_holdings(memory), "listing the memory tier")
+        holders: dict[int, dict[int, list[int]]] = {}  # step -> owner -> the ranks holding its copy
+        for holder, holding in enumerate(held):
+            for owner, steps in holding.items():
+                for at in steps:
+                    holders.setdefault(at, {}).setdefault(owner, []).append(holder)
+        complete = sorted((at for at, parts in holders.items() if len(parts) == coord.world), reverse=True)
+        retry = False
+        for at in [s for s in complete if asked is None or s == asked]:
+            source = _pull(memory, at, holders[at])
+            if source is None:
+                continue
+            outcome = _restore(memory, at, state, collective)
+            if outcome is None:
+                recovery = Recovery(at, source, time.perf_counter() - began)
+                logger().info(
+                    "recovered step %d from the memory tier (%s) in %.2f s", at, source, recovery.seconds
+                )
+                return recovery
+            if outcome == "retry":
+                retry = True
+                break
+        if not retry:
+            return None
+    return None
+
+
+def _pull(memory: MemoryParts, step: int, parts: dict[int, list[int]]) -> str | None:
+    """Make sure every rank holds its own part of ``step``, pulling it from a peer's copy where its
+    own is missing; where this rank's part came from, or None if a pull failed on any rank."""
+    coord, rank = memory.coord, memory.coord.rank
+    pulls = [(owner, holders[0]) for owner, holders in sorted(parts.items()) if owner not in holders]
+    if not pulls:
+        return "memory"
+    from crashsafe.distributed.peers import Transfer, exchange
+
+    pulls = [Transfer(owner, step, source, owner) for owner, source in pulls]
+    if memory.peers is None:  # (no copies on peers: a part held elsewhere cannot be pulled)
+        return None
+    outcome = exchange(memory.peers.group, rank, pulls, memory.stores.__getitem__, f"pulling step {step}")
+    mine = [
+        f"rank {t.target} from rank {t.source}: {p}" for t, p in outcome.items() if p and t.target == rank
+    ]
+    problems = [p for found in coord.all_gather(mine, f"pulling step {step}") for p in found]
+    if problems:
+        message = f"step {step} of the memory tier could not be pulled from the peers: " + "; ".join(problems)
+        skip_damaged(message + ". Trying an older step")
+        logger().warning("%s", message)
+        return None
+    pulled = [t.source for t in pulls if t.owner == rank]
+    return f"peer {pulled[0]}" if pulled else "memory"
+
+
+def _restore(
+    memory: MemoryParts, step: int, state: MutableMapping[str, Any], collective: Collective
+) -> str | None:
+    """Restore every rank's own part of ``step`` together: None once done; "retry" if a rank's own
+    copy was damaged (deleted now, so the step is pulled again from a peer that holds one), else
+    "skip"."""
+    coord = memory.coord
+    kind, message, apply = "ok", "", None
+    try:
+        apply = restore_part(memory.own, step, state, collective)
+    except PeerProblem:
+        kind = "peer"
+    except (CorruptCheckpointError, StorageError, NoCheckpointError) as exc:
+        kind, message = "damaged", str(exc)
+    outcomes = coord.all_gather((kind, message), f"restoring step {step} from the memory tier")
+    if all(k == "ok" for k, _ in outcomes):
+        assert apply is not None
+        apply()
+        return None
+    bad = "; ".join(f"rank {r}: {m}" for r, (k, m) in enumerate(outcomes) if k == "damaged")
+    skip_damaged(f"skipping step {step} of the memory tier ({bad})")
+    logger().warning("fell back from step %d of the memory tier because %s", step, bad)
+    if kind == "damaged":
+        delete_steps(memory.own, [step])  # a peer's copy is pulled in its place, if one is intact
+    return "retry"
