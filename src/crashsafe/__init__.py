@@ -27,6 +27,8 @@ from crashsafe.errors import (
     UnsupportedStateError,
 )
 from crashsafe.manager import CheckpointManager, SaveStats
+from crashsafe.memory_tier import MemoryTier
+from crashsafe.recovery import Recovery
 from crashsafe.shelf import (
     CorruptShelfError,
     NotAShelfError,
@@ -50,6 +52,7 @@ def __getattr__(name: str) -> Any:
         return importlib.import_module("crashsafe.sim")
     raise AttributeError(f"module 'crashsafe' has no attribute {name!r}")
 
+
 __all__ = [
     "CheckpointExistsError",
     "CheckpointManager",
@@ -63,10 +66,12 @@ __all__ = [
     "DiskFullError",
     "InvalidArgumentError",
     "LockedError",
+    "MemoryTier",
     "MirrorWarning",
     "NoCheckpointError",
     "NotAShelfError",
     "RNGState",
+    "Recovery",
     "RetentionWarning",
     "SaveFailedError",
     "SaveStats",

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from crashsafe.catalog import Catalog
 from crashsafe.distributed.group import SOLO, Coordination, Coordinator
 from crashsafe.distributed.saving import PLAN_LATER, ReplicaPlanner, Staged, save_step
 from crashsafe.encoding import SavePlanner
-from crashsafe.errors import CrashsafeError, CrashsafeWarning, InvalidArgumentError
+from crashsafe.errors import CrashsafeError, CrashsafeWarning, InvalidArgumentError, StorageError
 from crashsafe.format.manifest import Manifest
 from crashsafe.policies.keep import KeepLast
 from crashsafe.state.tree import ArrayLeaf
@@ -98,7 +99,7 @@ class MemoryParts:
         self.peers: Coordinator | None = None
         try:
             for owner in self.held:
-                store = open_store(Path(tier.path) / f"rank_{owner}", create=True)
+                store = open_store(_own_directory(Path(tier.path) / f"rank_{owner}"), create=True)
                 self.stores[owner] = store
                 self._locks.append(store.lock())
                 store.remove_leftovers(store.leftovers())
@@ -195,6 +196,23 @@ class MemoryParts:
                 parts.callback(store.close)
             if self.peers is not None:
                 parts.callback(self.peers.close)
+
+
+def _own_directory(path: Path) -> Path:
+    """``path``, a part's directory inside the memory directory: refused if it is there as anything
+    but a directory (a link would take the part's writes out of the memory tier: rule 11)."""
+    try:
+        found = os.lstat(path)
+    except FileNotFoundError:
+        return path
+    except OSError as exc:
+        raise StorageError(exc.errno, f"cannot inspect the memory tier's {path}: {exc.strerror}") from None
+    if not stat.S_ISDIR(found.st_mode):
+        raise StorageError(
+            f"refusing the memory tier's {path}: it is a link or another file, not a directory "
+            "crashsafe made. Remove it (crashsafe recreates it) or choose another memory directory"
+        )
+    return path
 
 
 def _placement(hosts: list[str], copies: int) -> list[tuple[int, ...]]:

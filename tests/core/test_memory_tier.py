@@ -1,0 +1,149 @@
+"""The memory tier of one process (docs/memory.md): every save in the memory directory, every Nth
+also persistent; restore from memory first, bit-identical; damage, a wiped memory directory and a
+SIGKILL at each point of a memory save's commit fall back to an intact step."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from tests.hostile import make_victim, untouched
+
+import crashsafe as cs
+from crashsafe._faults import COMMIT_POINTS
+from crashsafe.errors import CorruptCheckpointWarning, InvalidArgumentError, StorageError
+from crashsafe.state.rng import RNGState
+from crashsafe.storage.layout import committed_steps
+
+
+def _train(model: torch.nn.Module, optim: torch.optim.Optimizer) -> None:
+    loss = model(torch.randn(16, 32)).square().mean()
+    optim.zero_grad()
+    loss.backward()
+    optim.step()
+
+
+def _job() -> dict[str, Any]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 4))
+    return {"model": model, "optim": torch.optim.AdamW(model.parameters()), "rng": RNGState(), "step": 0}
+
+
+def _params(state: dict[str, Any]) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in state["model"].parameters()]
+
+
+def _run(disk: Path, tier: cs.MemoryTier, steps: range, state: dict[str, Any]) -> list[list[torch.Tensor]]:
+    seen = []
+    with cs.CheckpointManager(disk, memory=tier) as mgr:
+        for step in steps:
+            _train(state["model"], state["optim"])
+            state["step"] = step
+            mgr.save(step, state)
+            seen.append(_params(state))
+    return seen
+
+
+def test_every_save_goes_to_memory_and_every_nth_to_disk(tmp_path: Path) -> None:
+    tier = cs.MemoryTier(tmp_path / "mem", persist_every=3, keep_last=2)
+    state = _job()
+    _run(tmp_path / "disk", tier, range(1, 8), state)
+    assert committed_steps(tmp_path / "mem" / "rank_0") == [6, 7]
+    assert committed_steps(tmp_path / "disk") == [3, 6]
+
+
+def test_restore_comes_from_memory_bit_identical_and_says_so(tmp_path: Path) -> None:
+    tier = cs.MemoryTier(tmp_path / "mem", persist_every=4)
+    state = _job()
+    seen = _run(tmp_path / "disk", tier, range(1, 7), state)
+    expected_rng = torch.get_rng_state()
+    fresh = _job()
+    torch.manual_seed(99)
+    with cs.CheckpointManager(tmp_path / "disk", memory=tier) as mgr:
+        assert mgr.restore(fresh) == 6
+        assert mgr.recovery is not None and (mgr.recovery.step, mgr.recovery.source) == (6, "memory")
+    assert fresh["step"] == 6
+    assert all(torch.equal(a, b) for a, b in zip(_params(fresh), seen[-1], strict=True))
+    assert torch.equal(torch.get_rng_state(), expected_rng)
+    # the optimizer's moments too: one more step from either gives the same parameters
+    _train(state["model"], state["optim"])
+    torch.set_rng_state(expected_rng)
+    _train(fresh["model"], fresh["optim"])
+    assert all(torch.equal(a, b) for a, b in zip(_params(fresh), _params(state), strict=True))
+
+
+def test_a_wiped_memory_directory_restores_from_disk(tmp_path: Path) -> None:
+    tier = cs.MemoryTier(tmp_path / "mem", persist_every=4)
+    seen = _run(tmp_path / "disk", tier, range(1, 7), _job())
+    for path in sorted((tmp_path / "mem").rglob("*"), reverse=True):  # the host lost its memory
+        path.rmdir() if path.is_dir() else path.unlink()
+    fresh = _job()
+    with cs.CheckpointManager(tmp_path / "disk", memory=tier) as mgr:
+        assert mgr.restore(fresh) == 4
+        assert mgr.recovery is not None and mgr.recovery.source == "persistent"
+    assert all(torch.equal(a, b) for a, b in zip(_params(fresh), seen[3], strict=True))
+
+
+def test_a_damaged_memory_step_falls_back_to_the_one_before(tmp_path: Path) -> None:
+    tier = cs.MemoryTier(tmp_path / "mem", persist_every=10, keep_last=3)
+    seen = _run(tmp_path / "disk", tier, range(1, 6), _job())
+    newest = tmp_path / "mem" / "rank_0" / "step_000000000005"
+    data = next(p for p in newest.iterdir() if p.name != "manifest.json")
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 0x01  # one flipped bit
+    data.write_bytes(bytes(raw))
+    fresh = _job()
+    with cs.CheckpointManager(tmp_path / "disk", memory=tier) as mgr, pytest.warns(CorruptCheckpointWarning):
+        assert mgr.restore(fresh) == 4
+    assert all(torch.equal(a, b) for a, b in zip(_params(fresh), seen[3], strict=True))
+    assert committed_steps(tmp_path / "mem" / "rank_0") == [3, 4]  # the damaged copy went, no other
+
+
+def test_restoring_an_older_step_drops_the_newer_memory_steps(tmp_path: Path) -> None:
+    tier = cs.MemoryTier(tmp_path / "mem", persist_every=10, keep_last=4)
+    seen = _run(tmp_path / "disk", tier, range(1, 6), _job())
+    fresh = _job()
+    with cs.CheckpointManager(tmp_path / "disk", memory=tier) as mgr:
+        assert mgr.restore(fresh, step=3) == 3
+        assert committed_steps(tmp_path / "mem" / "rank_0") == [2, 3]
+        mgr.save(4, {"x": np.zeros(3), "step": 4})  # a step number saved before: saved anew
+    assert all(torch.equal(a, b) for a, b in zip(_params(fresh), seen[2], strict=True))
+    assert committed_steps(tmp_path / "mem" / "rank_0") == [2, 3, 4]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("point", COMMIT_POINTS)
+def test_a_sigkill_at_each_point_of_a_memory_save_leaves_an_intact_step(
+    tmp_path: Path, point: str, spawn: Callable[..., subprocess.Popen[str]]
+) -> None:
+    name = point.partition(":")[0]  # (armed after two saves: the third save's commit, or its retention's)
+    proc = spawn("memory_point.py", tmp_path / "disk", tmp_path / "mem", point)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == -9, (name, out, err)
+    with cs.CheckpointManager(tmp_path / "disk", memory=cs.MemoryTier(tmp_path / "mem")) as mgr:
+        state = {"x": np.zeros(1000), "step": 0}
+        step = mgr.restore(state)
+    assert step in (2, 3) and state["step"] == step
+    assert np.array_equal(state["x"], np.full(1000, float(step)))
+    assert not any(p.name.startswith(".") and p.is_dir() for p in (tmp_path / "mem" / "rank_0").iterdir())
+
+
+def test_a_memory_directory_that_is_a_symlink_is_refused_and_left_alone(tmp_path: Path) -> None:
+    victim = make_victim(tmp_path / "victim")
+    (tmp_path / "mem").mkdir()
+    os.symlink(victim, tmp_path / "mem" / "rank_0")
+    with pytest.raises(StorageError, match="rank_0"):
+        cs.CheckpointManager(tmp_path / "disk", memory=tmp_path / "mem")
+    untouched(victim)
+
+
+@pytest.mark.parametrize("bad", [{"persist_every": 0}, {"copies": -1}, {"keep_last": True}])
+def test_memory_tier_settings_are_checked(tmp_path: Path, bad: dict[str, Any]) -> None:
+    with pytest.raises(InvalidArgumentError, match="whole number"):
+        cs.MemoryTier(tmp_path, **bad)
