@@ -11,6 +11,9 @@ Environment: JOB_WIDTH, the hidden layer's width (32); JOB_CHUNK_BYTES, the size
 whose checksums a raw shard's entry lists (crashsafe's own unless given), for this job and the
 scripts that build their model here; JOB_FROZEN=1 puts a frozen Linear(WIDTH, 4096) (512 KiB,
 big enough that saves refer to it once committed: docs/unchanged.md) between the trained layers.
+JOB_MEMORY=ROOT adds a memory tier in ROOT/<host>, the host of each rank named by JOB_HOSTS (a comma
+list, one per rank), saving to DIR every JOB_PERSIST_EVERY-th save (5); the job then prints "source
+S" after "resumed N", where the restore came from.
 """
 
 import os
@@ -25,6 +28,7 @@ from leaving import leave
 
 from crashsafe.distributed import saving
 from crashsafe.manager import CheckpointManager
+from crashsafe.memory_tier import MemoryTier
 from crashsafe.state.rng import RNGState
 
 WIDTH = int(os.environ.get("JOB_WIDTH", "32"))
@@ -76,9 +80,18 @@ def train(kind: str, directory: str, steps: int, every: int, timeout: float) -> 
     model, optim = build(kind, world)
     state = {"model": model, "optim": optim, "rng": RNGState(), "step": 0}
     sync = os.environ.get("JOB_SYNC_SAVES") == "1"  # saves block: the save itself meets a dead rank
-    with CheckpointManager(directory, keep_last=2, coordination_timeout=timeout, async_save=not sync) as mgr:
+    memory = None
+    if "JOB_MEMORY" in os.environ:
+        host = os.environ["JOB_HOSTS"].split(",")[rank]
+        every_nth = int(os.environ.get("JOB_PERSIST_EVERY", "5"))
+        memory = MemoryTier(f"{os.environ['JOB_MEMORY']}/{host}", persist_every=every_nth, host=host)
+    with CheckpointManager(
+        directory, keep_last=2, coordination_timeout=timeout, async_save=not sync, memory=memory
+    ) as mgr:
         mgr.restore(state)
         print(f"resumed {state['step']}", flush=True)
+        if memory is not None:
+            print(f"source {mgr.recovery.source if mgr.recovery else 'none'}", flush=True)
         while state["step"] < steps:
             step = state["step"]
             g = torch.Generator().manual_seed(1000 * step + rank)
