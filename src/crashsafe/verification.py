@@ -19,9 +19,10 @@ from typing import Any
 from crashsafe.chain import ChainReader, direct_bases
 from crashsafe.distributed.shards import check_shards
 from crashsafe.errors import CorruptCheckpointError, NoCheckpointError
+from crashsafe.storage.base import Store
 from crashsafe.storage.stores import open_store
 
-__all__ = ["StepReport", "VerifyReport", "verify"]
+__all__ = ["StepReport", "VerifyReport", "verify", "verify_store"]
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ class StepReport:
     saved_as: str | None = None  # a Lightning checkpoint's file name (Manifest.saved_as)
     references: frozenset[int] = frozenset()  # earlier steps whose bytes its references are
     referenced_bytes: int = 0  # stored bytes of its references (held by those steps, not in stored_bytes)
+    info: dict[str, Any] = field(default_factory=dict)  # the manifest's info ({} for a damaged step)
 
 
 @dataclass(frozen=True)
@@ -78,18 +80,26 @@ def verify(
     """
     store = open_store(directory, storage_options=storage_options, existing=True)
     try:
-        with ChainReader(store, keep_references=True) as chains:
-            reports = []
-            for step in sorted(store.steps() if steps is None else steps):
-                report = _verify_step(chains, step)
-                if report is None:
-                    continue
-                reports.append(report)
-                if progress is not None:
-                    progress(report)
-            return VerifyReport(store.location, reports, store.leftovers())
+        return verify_store(store, progress, steps)
     finally:
         store.close()
+
+
+def verify_store(
+    store: Store, progress: Callable[[StepReport], None] | None = None, steps: Sequence[int] | None = None
+) -> VerifyReport:
+    """:func:`verify` of a store already open (left open): the CLI opens each part of a memory
+    tier without following a link, then verifies it."""
+    with ChainReader(store, keep_references=True) as chains:
+        reports = []
+        for step in sorted(store.steps() if steps is None else steps):
+            report = _verify_step(chains, step)
+            if report is None:
+                continue
+            reports.append(report)
+            if progress is not None:
+                progress(report)
+        return VerifyReport(store.location, reports, store.leftovers())
 
 
 def _verify_step(chains: ChainReader, step: int) -> StepReport | None:
@@ -101,7 +111,7 @@ def _verify_step(chains: ChainReader, step: int) -> StepReport | None:
         bases = direct_bases(m)
         sizes = (m.raw_nbytes, m.stored_nbytes, m.created)
         return StepReport(
-            step, True, None, *sizes, bases, m.metrics, m.saved_as, m.references, m.referenced_nbytes
+            step, True, None, *sizes, bases, m.metrics, m.saved_as, m.references, m.referenced_nbytes, m.info
         )
     except CorruptCheckpointError as exc:
         return StepReport(step, False, str(exc), stored_bytes=chains.store.stored_bytes(step))

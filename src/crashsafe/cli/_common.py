@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import time
 from collections.abc import Iterable
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -20,8 +21,11 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
 from crashsafe.format.manifest import MAX_STEP
-from crashsafe.storage.layout import committed_steps
+from crashsafe.storage.layout import committed_steps, parse_step_name
 from crashsafe.storage.stores import is_url
+
+if TYPE_CHECKING:
+    from crashsafe.verification import StepReport
 
 __all__ = [
     "Dir",
@@ -38,10 +42,13 @@ __all__ = [
     "finish",
     "human_bytes",
     "locate",
+    "memory_directory",
     "nested_store",
     "parse_options",
+    "part_rank",
     "progress_bar",
     "referred",
+    "report_json",
     "step_option",
 ]
 
@@ -128,15 +135,66 @@ def nested_store(location: str) -> tuple[str, str] | None:
     return None
 
 
+_PART = re.compile(r"^rank_(0|[1-9][0-9]{0,8})$")  # a memory tier's part store: rank_<r>
+
+
+def part_rank(name: str) -> int | None:
+    """The rank whose part store the entry ``name`` of a memory directory is (``rank_3``: 3), or None."""
+    match = _PART.match(name)
+    return None if match is None else int(match.group(1))
+
+
+def memory_directory(location: str) -> list[str] | None:
+    """The names of the part stores (``rank_<r>``) of the local folder ``location`` when it is a
+    memory tier's directory: it holds such entries and no committed step of its own (nor an
+    integration's store). Decided by the names alone: nothing there is opened (a link or a FIFO
+    named ``rank_0`` is refused when the part is opened, never followed)."""
+    if is_url(location) or not location:
+        return None
+    try:
+        names = os.listdir(location)
+    except OSError:  # not a folder, not there, not readable: the command says so itself
+        return None
+    parts = sorted((n for n in names if part_rank(n) is not None), key=lambda n: part_rank(n) or 0)
+    if not parts or any(parse_step_name(n) is not None for n in names) or nested_store(location):
+        return None
+    return parts
+
+
 def locate(location: str) -> str:
     """The store a reading command reads: ``location``, or the integration's store inside it (see
-    :func:`nested_store`), said on stderr, so ``crashsafe ls ckpt`` lists a Lightning folder's steps."""
+    :func:`nested_store`), said on stderr, so ``crashsafe ls ckpt`` lists a Lightning folder's steps.
+    A memory tier's directory is not one store: a command that reads one is pointed at a part."""
+    parts = memory_directory(location)
+    if parts is not None:
+        raise fail(
+            f"{location} is a memory tier's directory, not one store: `crashsafe ls` and `crashsafe "
+            f"verify` read it whole; this command reads one part's store, e.g. "
+            f"{os.path.join(location, parts[0])}"
+        )
     found = nested_store(location)
     if found is None:
         return location
     note = f"note: {location} holds no committed step itself; reading {found[0]}, {found[1]}"
     err.print(Text(note), soft_wrap=not err.is_terminal)  # piped: one line
     return found[0]
+
+
+def report_json(r: StepReport) -> dict[str, Any]:
+    """One step's verification in JSON (docs/cli.md: ``step``)."""
+    return {
+        "step": r.step,
+        "ok": r.ok,
+        "problem": r.problem,
+        "stored_bytes": r.stored_bytes,
+        "raw_bytes": r.raw_bytes,
+        "created": r.created,
+        "bases": sorted(r.bases),
+        "metrics": r.metrics,
+        "saved_as": r.saved_as,
+        "references": sorted(r.references),
+        "referenced_bytes": r.referenced_bytes,
+    }
 
 
 def emit_json(document: dict[str, Any]) -> None:

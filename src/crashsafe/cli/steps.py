@@ -23,10 +23,12 @@ from crashsafe.cli._common import (
     finish,
     human_bytes,
     locate,
+    memory_directory,
     nested_store,
     parse_options,
     progress_bar,
     referred,
+    report_json,
 )
 from crashsafe.cli._tables import Cell, Column, print_table
 from crashsafe.cli.keep import (
@@ -39,6 +41,7 @@ from crashsafe.cli.keep import (
     KeepModeOpt,
     keep_policy,
 )
+from crashsafe.cli.memory import ls_memory, verify_memory
 from crashsafe.errors import CrashsafeError
 from crashsafe.storage.stores import is_url, open_store
 from crashsafe.verification import StepReport, VerifyReport, verify
@@ -68,23 +71,6 @@ def _verify_with_progress(location: str, options: dict[str, Any] | None) -> Veri
             )
     except CrashsafeError as exc:
         raise fail(str(exc)) from None
-
-
-def report_json(r: StepReport) -> dict[str, Any]:
-    """One step's verification in JSON (docs/cli.md: ``step``)."""
-    return {
-        "step": r.step,
-        "ok": r.ok,
-        "problem": r.problem,
-        "stored_bytes": r.stored_bytes,
-        "raw_bytes": r.raw_bytes,
-        "created": r.created,
-        "bases": sorted(r.bases),
-        "metrics": r.metrics,
-        "saved_as": r.saved_as,
-        "references": sorted(r.references),
-        "referenced_bytes": r.referenced_bytes,
-    }
 
 
 def _number(value: object) -> float | None:
@@ -132,6 +118,11 @@ def ls_cmd(
     (of both tiers, with --mirror); --metric loss marks the best intact step."""
     if mode not in ("min", "max"):
         raise fail(f"--mode {mode!r}: use min (the lowest value is best) or max")
+    parts = memory_directory(directory)
+    if parts is not None:
+        if mirror is not None or metric is not None:
+            raise fail(f"{directory} is a memory tier's directory: --mirror and --metric apply to a store")
+        return ls_memory(directory, parts, as_json)
     directory = locate(directory)
     tiers = {"local": directory} if mirror is None else {"local": directory, "mirror": mirror}
     by_step: dict[int, dict[str, StepReport]] = {}
@@ -222,7 +213,10 @@ def _status(on: dict[str, StepReport], name_tiers: bool) -> Text:
 
 def verify_cmd(directory: Dir, storage_options: OptionsOpt = None, as_json: JsonOpt = False) -> None:
     """Check every committed step as a load reads it (checksums, decoding, delta chains); exit 1 if
-    any step is damaged."""
+    any step is damaged (in a memory tier's directory: every part store's steps)."""
+    parts = memory_directory(directory)
+    if parts is not None:
+        return verify_memory(directory, parts, as_json)
     directory = locate(directory)
     report = _verify_with_progress(directory, parse_options(directory, storage_options))
     reports = report.steps

@@ -96,8 +96,13 @@ class LocalStore(Store):
 
     capabilities = Capabilities(atomic_rename=True, conditional_put=True, durable_fsync=True)
 
-    def __init__(self, directory: str | os.PathLike[str], *, create: bool = False) -> None:
+    def __init__(
+        self, directory: str | os.PathLike[str], *, create: bool = False, opened: LocalDir | None = None
+    ) -> None:
         path = Path(directory)
+        if opened is not None:  # (see inside)
+            self.root, self.location = opened, str(path)
+            return
         if create:
             try:
                 path.mkdir(parents=True, exist_ok=True)
@@ -110,6 +115,12 @@ class LocalStore(Store):
         except OSError as exc:
             raise storage_error(exc, f"opening the checkpoint directory {path}") from None
         self.location = str(path)
+
+    @classmethod
+    def inside(cls, parent: LocalDir, name: str) -> LocalStore:
+        """The store in the entry ``name`` of the open directory ``parent``, opened without following
+        a link (UnsafeEntryError for a link, a FIFO, anything but a directory: rule 11)."""
+        return cls(parent.path / name, opened=parent.subdir(name))
 
     def steps(self) -> list[int]:
         return committed_steps(self.root)
