@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,8 @@ from crashsafe.format.manifest import Manifest
 from crashsafe.policies.keep import KeepLast
 from crashsafe.state.tree import ArrayLeaf
 from crashsafe.storage.base import Lock, Store
-from crashsafe.storage.stores import open_store
+from crashsafe.storage.local import LocalStore
+from crashsafe.storage.localdir import LocalDir, UnsafeEntryError
 from crashsafe.storage.writer import delete_steps
 
 __all__ = ["PART_KEY", "MemoryParts", "MemoryTier", "memory_tier"]
@@ -99,7 +99,7 @@ class MemoryParts:
         self.peers: Coordinator | None = None
         try:
             for owner in self.held:
-                store = open_store(_own_directory(Path(tier.path) / f"rank_{owner}"), create=True)
+                store = _part_store(Path(tier.path), owner)
                 self.stores[owner] = store
                 self._locks.append(store.lock())
                 store.remove_leftovers(store.leftovers())
@@ -198,21 +198,24 @@ class MemoryParts:
                 parts.callback(self.peers.close)
 
 
-def _own_directory(path: Path) -> Path:
-    """``path``, a part's directory inside the memory directory: refused if it is there as anything
-    but a directory (a link would take the part's writes out of the memory tier: rule 11)."""
+def _part_store(memory: Path, owner: int) -> Store:
+    """The store of ``owner``'s part in this host's ``memory`` directory (created if missing),
+    opened inside it without following a link: a ``rank_<r>`` that is a link or another file is
+    refused (it would take the part's writes out of the memory tier: rule 11)."""
+    name = f"rank_{owner}"
     try:
-        found = os.lstat(path)
-    except FileNotFoundError:
-        return path
-    except OSError as exc:
-        raise StorageError(exc.errno, f"cannot inspect the memory tier's {path}: {exc.strerror}") from None
-    if not stat.S_ISDIR(found.st_mode):
+        memory.mkdir(parents=True, exist_ok=True)
+        with LocalDir.open(memory) as parent:
+            with contextlib.suppress(FileExistsError):
+                parent.mkdir(name)
+            return LocalStore.inside(parent, name)
+    except UnsafeEntryError:
         raise StorageError(
-            f"refusing the memory tier's {path}: it is a link or another file, not a directory "
+            f"refusing the memory tier's {memory / name}: it is a link or another file, not a directory "
             "crashsafe made. Remove it (crashsafe recreates it) or choose another memory directory"
-        )
-    return path
+        ) from None
+    except OSError as exc:
+        raise StorageError(exc.errno, f"opening the memory tier's {memory / name}: {exc.strerror}") from None
 
 
 def _placement(hosts: list[str], copies: int) -> list[tuple[int, ...]]:
