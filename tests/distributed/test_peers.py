@@ -16,6 +16,8 @@ import pytest
 
 import crashsafe as cs
 from crashsafe.copying import copy_step
+from crashsafe.distributed.peers import Transfer, _check
+from crashsafe.errors import InvalidArgumentError
 from crashsafe.storage.layout import step_dir
 from crashsafe.storage.local import LocalStore
 
@@ -105,6 +107,7 @@ def test_a_ring_of_copies_with_damage_forgery_references_and_earlier_saves(
         [2, 5, 2, 0],  # replaces the very same save, damaged
         [2, 5, 2, 1],  # the very same save is there, intact
         [1, 7, 1, 0],  # references: refused
+        [1, 9, 1, 0],  # no such step
         [0, 8, 0, 2],  # forged on the way: refused by the target
         [0, 6, 0, 2],  # then the same pair goes on
     ]
@@ -118,6 +121,7 @@ def test_a_ring_of_copies_with_damage_forgery_references_and_earlier_saves(
             assert seen.setdefault(t, message) == message, (t, seen[t], message)
     assert "fails its checksum" in str(seen[(0, 5, 0, 1)]) and "did not send" in str(seen[(0, 5, 0, 1)])
     assert "must own all its bytes" in str(seen[(1, 7, 1, 0)])
+    assert "did not send step 9" in str(seen[(1, 9, 1, 0)]) and "not committed" in str(seen[(1, 9, 1, 0)])
     assert "refused" in str(seen[(0, 8, 0, 2)]) and "checksum mismatch" in str(seen[(0, 8, 0, 2)])
     done = [(0, 6, 0, 1), (1, 5, 1, 2), (2, 5, 2, 0), (2, 5, 2, 1), (0, 6, 0, 2)]
     assert all(seen[t] is None for t in done), seen
@@ -126,7 +130,12 @@ def test_a_ring_of_copies_with_damage_forgery_references_and_earlier_saves(
         assert cs.verify(_store(root, holder, owner)).ok
     now = (step_dir(_store(root, 1, 2), 5) / "data.bin").stat()
     assert (now.st_ino, now.st_ctime_ns) == (kept.st_ino, kept.st_ctime_ns)  # kept, not written again
-    for holder, owner, step in [(1, 0, 5), (0, 1, 7), (2, 0, 8)]:  # nothing committed, nothing left over
+    for holder, owner, step in [
+        (1, 0, 5),
+        (0, 1, 7),
+        (0, 1, 9),
+        (2, 0, 8),
+    ]:  # nothing committed, nothing left over
         store = LocalStore(_store(root, holder, owner), create=True)
         assert step not in store.steps() and store.leftovers() == []
         store.close()
@@ -153,3 +162,24 @@ def test_a_rank_that_dies_or_hangs_leaves_the_others_answering_within_the_timeou
     store = LocalStore(_store(root, 0, 2), create=True)
     assert store.steps() == [] and store.leftovers() == []
     store.close()
+
+
+@pytest.mark.parametrize(
+    ("transfers", "match"),
+    [
+        ([Transfer(0, 5, 0, 3)], "not a Transfer of a step .* group of 3"),
+        ([Transfer(0, -1, 0, 1)], "not a Transfer of a step"),
+        ([(0, 5, 0, 1)], "not a Transfer"),
+        ([Transfer(0, 5, 1, 1)], "sends to its own source"),
+        ([Transfer(0, 5, 0, 1), Transfer(0, 5, 2, 1)], "one part to one rank twice"),
+        (
+            [Transfer(0, 5, 0, 1), Transfer(0, 5, 1, 2)],
+            "rank 1 would send step 5 of rank 0's part while it receives",
+        ),
+    ],
+)
+def test_transfers_no_rank_could_run_are_refused_alike_everywhere(transfers: list[Any], match: str) -> None:
+    """(Each rank checks the same list before any message: every rank raises, none waits.)"""
+    with pytest.raises(InvalidArgumentError, match=match):
+        _check(transfers, 3, 0)
+    _check([Transfer(0, 5, 0, 1), Transfer(0, 5, 0, 2), Transfer(1, 5, 1, 0)], 3, 2)

@@ -74,6 +74,10 @@ def exchange(
     transfers = list(transfers)
     link = _Link(group, what)
     _check(transfers, link.world, rank)
+    if link.rank != rank:
+        raise InvalidArgumentError(
+            f"rank={rank}, but this process is rank {link.rank} of the group: pass that"
+        )
     tags = _tags(transfers)
     sending = [_Sending(link, t, tags[t], store_of) for t in transfers if t.source == rank]
     outcome: dict[Transfer, str | None] = {}
@@ -97,19 +101,32 @@ def _check(transfers: list[Transfer], world: int, rank: int) -> None:
         raise InvalidArgumentError(
             f"rank {rank} is not a rank of the group of {world}: pass the group's rank"
         )
-    targets = {(t.owner, t.step, t.target) for t in transfers}
     for t in transfers:
-        if not isinstance(t, Transfer) or not all(0 <= r < world for r in (t.owner, t.source, t.target)):
-            raise InvalidArgumentError(f"{t!r} names a rank outside the group of {world}: fix the transfers")
+        ranks = (t.owner, t.source, t.target) if isinstance(t, Transfer) else ()
+        if (
+            not ranks
+            or not all(_whole(r) and 0 <= r < world for r in ranks)
+            or not _whole(t.step)
+            or t.step < 0
+        ):
+            raise InvalidArgumentError(
+                f"{t!r} is not a Transfer of a step (0 or more) between ranks of the group of {world}: fix it"
+            )
         if t.source == t.target:
             raise InvalidArgumentError(f"{t!r} sends to its own source: drop it (the part is there)")
-        if (t.owner, t.step, t.source) in targets:
-            raise InvalidArgumentError(
-                f"{t!r}: rank {t.source} would send step {t.step} of rank {t.owner}'s part while it receives "
-                "it in the same exchange: send it in a later one"
-            )
+    targets = {(t.owner, t.step, t.target) for t in transfers}
     if len(targets) != len(transfers):
         raise InvalidArgumentError("the transfers send one part to one rank twice: send each part once")
+    for t in transfers:
+        if (t.owner, t.step, t.source) in targets:
+            raise InvalidArgumentError(
+                f"{t!r}: rank {t.source} would send step {t.step} of rank {t.owner}'s part while it "
+                "receives it in the same exchange: send it in a later one"
+            )
+
+
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _tags(transfers: list[Transfer]) -> dict[Transfer, int]:
@@ -151,6 +168,7 @@ class _Link:
 
         self.torch, self._dist, self._group, self.what = torch, dist, group, what
         self.world: int = dist.get_world_size(group)
+        self.rank: int = dist.get_rank(group)
         try:
             timeout = group._get_backend(torch.device("cpu")).options._timeout.total_seconds()
         except (AttributeError, RuntimeError):  # (torch's own; its default where it has none)
