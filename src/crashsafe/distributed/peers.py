@@ -382,10 +382,11 @@ def _receive(
         _take(link, src, tag, total, payload)
         if payload is not None:
             reason = _commit(t, store, manifest, payload)
-        answers.extend(_answer(link, src, tag, reason))
-        return None if reason is None else _not_kept(link, t, reason)
     except _Lost as lost:
         return str(lost)
+    with contextlib.suppress(_Lost):  # (a source gone since it sent: the copy is kept all the same)
+        answers.extend(_answer(link, src, tag, reason))
+    return None if reason is None else _not_kept(link, t, reason)
 
 
 def _accepted(t: Transfer, body: bytes, total: int) -> Manifest:
