@@ -22,14 +22,13 @@ leftovers) at the next save that finds it answering, as after an outage.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import threading
 import time
 from collections.abc import Callable
 
 from crashsafe._log import logger, warn
 from crashsafe.catalog import Catalog
-from crashsafe.chain import ChainReader
+from crashsafe.copying import check_copy, copy_step
 from crashsafe.errors import (
     CorruptCheckpointError,
     CrashsafeError,
@@ -37,83 +36,15 @@ from crashsafe.errors import (
     NoCheckpointError,
     StorageError,
 )
-from crashsafe.format.manifest import Manifest, PayloadEntry, base_mark
 from crashsafe.policies.keep import KeepPolicy
-from crashsafe.references import Parts
 from crashsafe.storage.background import lower_thread_priority
 from crashsafe.storage.base import Lock, Store
-from crashsafe.storage.reader import StepReader, read_manifest
+from crashsafe.storage.reader import read_manifest
 from crashsafe.storage.retry import is_transient
-from crashsafe.storage.writer import StepWriter
 
 __all__ = ["Mirror", "copy_step"]
 
 MIRROR_NICE = 10  # the mirror's threads get ~1/10 of a core against a training thread that wants it
-
-
-def copy_step(source: Store, target: Store, step: int) -> None:
-    """Copy one committed step: every payload it owns read and checksummed from ``source``, written
-    to ``target`` (packed the target's way), committed there, then read back and checksummed. A
-    reference is copied as a reference to the target's copy of the step holding its bytes (copied
-    before it, oldest first: those bytes are uploaded once, with that step), checked there."""
-    with StepReader(source, step) as reader:
-        writer = StepWriter(target, step)
-        try:
-            entries: list[PayloadEntry] = []
-            holders: dict[int, Parts] = {}
-            for entry in reader.manifest.payloads:
-                if entry.ref is not None:
-                    entries.append(_referred(target, holders, reader.manifest, entry))
-                    continue
-                chunk = None if entry.chunks is None else entry.chunks.size
-                put = writer.write_payload(reader.read_stored(entry).data, chunk=chunk)
-                assert put.xxh3 == entry.xxh3 and put.nbytes == entry.nbytes
-                entries.append(dataclasses.replace(entry, file=put.file, offset=put.offset))
-            copy = dataclasses.replace(reader.manifest, payloads=tuple(entries), files=writer.files())
-            writer.commit(copy)
-        except BaseException:
-            writer.abort()
-            raise
-    _check_copy(target, step)
-
-
-def _referred(
-    target: Store, holders: dict[int, Parts], manifest: Manifest, entry: PayloadEntry
-) -> PayloadEntry:
-    """Reference ``entry`` of ``manifest`` as ``target`` holds it: the target's own entry of the
-    very save of the step it refers to, for the same bytes (it may pack them elsewhere). ``holders``
-    keeps the target's holder steps read so far."""
-    ref = entry.ref
-    assert ref is not None
-    if ref not in holders:
-        try:
-            holders[ref] = Parts(read_manifest(target, ref))
-        except (CorruptCheckpointError, NoCheckpointError) as exc:
-            raise CrashsafeError(
-                f"step {manifest.step} refers to the bytes of step {ref}, which the mirror does not hold "
-                f"intact ({exc}): step {manifest.step} is mirrored once step {ref} is"
-            ) from None
-    holder = holders[ref]
-    same = holder.find(entry)
-    moved = [dataclasses.replace(p, file=entry.file, offset=entry.offset) for p in same]
-    mark = manifest.info.get(base_mark(ref))
-    if holder.manifest.created != mark or moved != [dataclasses.replace(entry, ref=None)]:
-        raise CrashsafeError(
-            f"step {manifest.step} refers to the bytes of step {ref}, and the mirror's step {ref} is another "
-            f"save or holds other bytes: step {manifest.step} is not mirrored"
-        )
-    return dataclasses.replace(same[0], ref=ref)
-
-
-def _check_copy(store: Store, step: int) -> None:
-    """Checksum every payload ``step`` owns in ``store``, and check that each of its references
-    holds there (the bytes it refers to are checked as those of the step that holds them)."""
-    with StepReader(store, step) as copy, ChainReader(store) as chains:
-        for entry in copy.manifest.payloads:
-            if entry.ref is None:
-                copy.check_stored(entry)
-            else:
-                chains.owner(step, entry)
 
 
 class Mirror:
@@ -305,7 +236,7 @@ class Mirror:
         checksummed, each reference checked), or None: a matching manifest says nothing of the shards
         it names."""
         try:
-            _check_copy(self._target, step)
+            check_copy(self._target, step)
         except CorruptCheckpointError as exc:
             return str(exc)
         return None
@@ -314,7 +245,7 @@ class Mirror:
         """Delete the mirror's damaged copy of ``step`` once the local copy is known intact (it is
         the same save, byte for byte by its checksums: steps that need it as a delta base read it
         again once the copy is uploaded)."""
-        _check_copy(self.local, step)
+        check_copy(self.local, step)
         self._note(
             f"the mirror's copy of step {step} in {self.remote.location} is damaged ({problem}); "
             "it is replaced by the local copy, which stays until the new upload is verified"

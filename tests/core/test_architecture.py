@@ -30,7 +30,13 @@ LAYERS: list[tuple[str, ...]] = [
     ("crashsafe.codecs", "crashsafe.policies"),
     ("crashsafe.format",),
     ("crashsafe.state", "crashsafe.storage"),
-    ("crashsafe.encoding", "crashsafe.chain", "crashsafe.references", "crashsafe.step_facts"),
+    (
+        "crashsafe.encoding",
+        "crashsafe.chain",
+        "crashsafe.references",
+        "crashsafe.step_facts",
+        "crashsafe.copying",
+    ),
     ("crashsafe.distributed",),
     (
         "crashsafe.verification",

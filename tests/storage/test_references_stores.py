@@ -14,8 +14,8 @@ import pytest
 import s3fs
 
 import crashsafe as cs
+from crashsafe.copying import check_copy, copy_step
 from crashsafe.errors import CrashsafeError
-from crashsafe.mirroring import _check_copy, copy_step
 from crashsafe.storage.layout import step_name
 from crashsafe.storage.stores import open_store
 
@@ -111,14 +111,14 @@ def test_a_step_whose_referenced_step_is_not_mirrored_does_not_count_as_mirrored
     source, target = open_store(local), open_store(mirror, storage_options=options)
     try:
         copy_step(source, target, 30)
-        _check_copy(target, 30)  # holds: step 20 is there
+        check_copy(target, 30)  # holds: step 20 is there
         target.delete(20)
         lacks = "refers to the bytes of step 20, which the mirror does not hold"
         with pytest.raises(CrashsafeError, match=lacks):
             copy_step(source, target, 40)
         assert 40 not in target.steps()
         with pytest.raises(cs.CorruptCheckpointError, match="refers to step 20, which is missing"):
-            _check_copy(target, 30)  # a mirrored step whose holder went is not intact there
+            check_copy(target, 30)  # a mirrored step whose holder went is not intact there
     finally:
         source.close()
         target.close()

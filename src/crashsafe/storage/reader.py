@@ -22,7 +22,7 @@ from crashsafe.format.manifest import MAX_MANIFEST_BYTES, Manifest, PayloadEntry
 from crashsafe.storage.base import Store, StoredFile, StoredStep
 from crashsafe.storage.mapped import MappedFile, map_file
 
-__all__ = ["PayloadStream", "StepReader", "read_manifest"]
+__all__ = ["PayloadStream", "StepReader", "check_bytes", "read_manifest"]
 
 _CHECK_CHUNK = 8 << 20
 _READ_CHUNK = 2 << 20  # read into place, then checksummed while it is still in the CPU cache
@@ -53,6 +53,19 @@ def read_manifest(store: Store, step: int) -> Manifest:
             if stored.vanished():  # deleted while read: its files go one by one
                 raise _vanished(stored) from None
             raise
+
+
+def check_bytes(where: str, entry: PayloadEntry, data: memoryview) -> None:
+    """Raise CorruptCheckpointError unless ``data`` are ``entry``'s stored bytes, intact (bytes that
+    came from elsewhere, such as a peer's copy of a step, checked before they are written)."""
+    view = data.cast("B") if data.format != "B" or data.ndim != 1 else data
+    if len(view) != entry.nbytes:
+        raise CorruptCheckpointError(
+            f"{where}: payload '{entry.path}' is {len(view)} bytes, not {entry.nbytes}"
+        )
+    digest = _Verifier(where, entry, 0, entry.nbytes)
+    digest.update(view)
+    digest.finish()
 
 
 class StepReader(Closing):
