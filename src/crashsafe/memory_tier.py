@@ -23,10 +23,11 @@ from typing import Any
 from crashsafe._log import logger, warn
 from crashsafe.catalog import Catalog
 from crashsafe.distributed.group import SOLO, Coordination, Coordinator
+from crashsafe.distributed.peers import Transfer, exchange, placement
 from crashsafe.distributed.saving import PLAN_LATER, ReplicaPlanner, Staged, save_step
 from crashsafe.encoding import SavePlanner
 from crashsafe.errors import CrashsafeError, CrashsafeWarning, InvalidArgumentError, StorageError
-from crashsafe.format.manifest import Manifest
+from crashsafe.format.manifest import PART_KEY, Manifest
 from crashsafe.policies.keep import KeepLast
 from crashsafe.state.tree import ArrayLeaf
 from crashsafe.storage.base import Lock, Store
@@ -35,8 +36,6 @@ from crashsafe.storage.localdir import LocalDir, UnsafeEntryError
 from crashsafe.storage.writer import delete_steps
 
 __all__ = ["PART_KEY", "MemoryParts", "MemoryTier", "memory_tier"]
-
-PART_KEY = "memory.part"  # a memory step's info: "<rank>/<world>", the part of which job it is
 
 
 @dataclass(frozen=True)
@@ -90,7 +89,7 @@ class MemoryParts:
                 "Name the hosts (MemoryTier(host=...)) if the host names do not tell them apart",
                 CrashsafeWarning,
             )
-        self.placement = _placement(hosts, copies)
+        self.placement = placement(hosts, copies)
         rank = coord.rank
         self.held = [rank] + [o for o in range(coord.world) if o != rank and rank in self.placement[o]]
         self.stores: dict[int, Store] = {}
@@ -147,8 +146,6 @@ class MemoryParts:
         if self.peers is None:
             self.complete = step
             return
-        from crashsafe.distributed.peers import Transfer, exchange
-
         transfers = [
             Transfer(owner, step, owner, holder)
             for owner, holders in enumerate(self.placement)
@@ -216,11 +213,3 @@ def _part_store(memory: Path, owner: int) -> Store:
         ) from None
     except OSError as exc:
         raise StorageError(exc.errno, f"opening the memory tier's {memory / name}: {exc.strerror}") from None
-
-
-def _placement(hosts: list[str], copies: int) -> list[tuple[int, ...]]:
-    if copies == 1:
-        return [(rank,) for rank in range(len(hosts))]
-    from crashsafe.distributed.peers import placement
-
-    return placement(hosts, copies)

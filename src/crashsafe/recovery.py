@@ -19,6 +19,7 @@ from typing import Any
 
 from crashsafe._log import logger
 from crashsafe.distributed.collective import Collective, PeerProblem
+from crashsafe.distributed.peers import Transfer, exchange
 from crashsafe.errors import CorruptCheckpointError, CrashsafeError, NoCheckpointError, StorageError
 from crashsafe.loading import skip_damaged
 from crashsafe.memory_tier import PART_KEY, MemoryParts
@@ -123,12 +124,10 @@ def _pull(memory: MemoryParts, step: int, parts: dict[int, list[int]]) -> str | 
     """Make sure every rank holds its own part of ``step``, pulling it from a peer's copy where its
     own is missing; where this rank's part came from, or None if a pull failed on any rank."""
     coord, rank = memory.coord, memory.coord.rank
-    pulls = [(owner, holders[0]) for owner, holders in sorted(parts.items()) if owner not in holders]
+    pulls = [Transfer(owner, step, holders[0], owner) for owner, holders in sorted(parts.items())
+             if owner not in holders]  # fmt: skip
     if not pulls:
         return "memory"
-    from crashsafe.distributed.peers import Transfer, exchange
-
-    pulls = [Transfer(owner, step, source, owner) for owner, source in pulls]
     if memory.peers is None:  # (no copies on peers: a part held elsewhere cannot be pulled)
         return None
     outcome = exchange(memory.peers.group, rank, pulls, memory.stores.__getitem__, f"pulling step {step}")

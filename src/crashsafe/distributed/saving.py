@@ -300,6 +300,8 @@ def _write_part(
         else:  # one process writes the step whole
             writer = StepWriter(store, step)
         rank = coord.rank if coord.shared else None
+        if rank is None and any(leaf.shard is not None for leaf in leaves):
+            rank = 0  # a rank's own shards as one process's step (a memory part): rank 0 of 1 wrote them
         for i, staged in zip(planned.writes, arrays, strict=True):
             leaf = leaves[i]
             if isinstance(staged, Unchanged):

@@ -41,18 +41,28 @@ def _overlap(a: Box, b: Box) -> tuple[tuple[slice, ...], tuple[slice, ...]] | No
     return tuple(in_a), tuple(in_b)
 
 
-def check_tiling(global_shape: tuple[int, ...], boxes: Sequence[Box], what: str) -> None:
-    """Raise CorruptCheckpointError unless ``boxes`` cover ``global_shape`` exactly once."""
-    volume = sum(math.prod(shape) for _, shape in boxes)
+def check_tiling(
+    global_shape: tuple[int, ...], boxes: Sequence[Box], what: str, within: Box | None = None
+) -> None:
+    """Raise CorruptCheckpointError unless ``boxes`` cover ``global_shape`` exactly once; for a
+    partial step (one rank's part: :attr:`Manifest.partial`), unless they do not overlap and cover
+    the box ``within`` that is read exactly once (no box: nothing is read, only overlaps count)."""
     overlapping = any(
         _overlap(a, b) is not None and math.prod(a[1]) and math.prod(b[1])
         for i, a in enumerate(boxes)
         for b in boxes[i + 1 :]
     )
-    if volume != math.prod(global_shape) or overlapping:
+    if within is None:
+        volume, wanted = sum(math.prod(shape) for _, shape in boxes), math.prod(global_shape)
+    else:
+        meets = [both for box in boxes if (both := _overlap(within, box)) is not None]
+        volume = sum(math.prod(s.stop - s.start for s in region) for region, _ in meets)
+        wanted = math.prod(within[1])
+    if volume != wanted or overlapping:
+        where = "its global shape" if within is None else "the part of its global shape"
         raise CorruptCheckpointError(
-            f"{what}: its shards do not tile its global shape {global_shape} (a shard is missing, "
-            "doubled or damaged)"
+            f"{what}: its shards do not tile {where} {global_shape if within is None else within} (a shard "
+            "is missing, doubled or damaged)"
         )
 
 
@@ -66,7 +76,9 @@ def check_shards(manifest: Manifest) -> None:
             continue
         seen.add((entry.path, entry.shard[0]))
         _, boxes = _parts_of(manifest, entry)
-        check_tiling(entry.shard[0], boxes, f"checkpoint step {manifest.step}: array '{entry.path}'")
+        whole = entry.shard[0]
+        within = ((0,) * len(whole), (0,) * len(whole)) if manifest.partial else None  # overlaps only
+        check_tiling(whole, boxes, f"checkpoint step {manifest.step}: array '{entry.path}'", within)
 
 
 def box_jobs(
@@ -80,7 +92,8 @@ def box_jobs(
     assert into.box is not None
     parts, boxes = _parts_of(manifest, entry)
     whole = entry.shape if entry.shard is None else entry.shard[0]
-    check_tiling(whole, boxes, f"checkpoint step {manifest.step}: array '{entry.path}'")
+    within = into.box if manifest.partial else None
+    check_tiling(whole, boxes, f"checkpoint step {manifest.step}: array '{entry.path}'", within)
     jobs = []
     for part, box in zip(parts, boxes, strict=True):
         both = _overlap(into.box, box) if math.prod(box[1]) else None
@@ -130,11 +143,12 @@ def read_sharded(
     saved whole is cut the same way when a live DTensor wants a box of it."""
     parts, boxes = _parts_of(manifest, entry)
     whole = entry.shape if entry.shard is None else entry.shard[0]
-    check_tiling(whole, boxes, f"checkpoint step {manifest.step}: array '{entry.path}'")
     cut = target is not None and target.global_shape == whole
     box: Box = (
         (target.offset, _box_shape(target)) if cut and target is not None else ((0,) * len(whole), whole)
     )
+    within = box if manifest.partial else None  # (a part read whole must hold all of it)
+    check_tiling(whole, boxes, f"checkpoint step {manifest.step}: array '{entry.path}'", within)
     out = np.empty(box[1], dtype=storage_dtype(entry.dtype))
     for part, part_box in zip(parts, boxes, strict=True):
         both = _overlap(box, part_box) if math.prod(part_box[1]) else None

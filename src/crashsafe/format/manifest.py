@@ -35,6 +35,7 @@ __all__ = [
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "MANIFEST_NAME",
+    "PART_KEY",
     "REFERENCES_VERSION",
     "Manifest",
     "PayloadEntry",
@@ -48,6 +49,7 @@ __all__ = [
 
 FORMAT_NAME = "crashsafe-checkpoint"
 FORMAT_VERSION = 1  # what a single process writes
+PART_KEY = "memory.part"  # info of a memory tier's step: "<rank>/<world>", one rank's part of a job's step
 DISTRIBUTED_VERSION = 2  # many ranks: per-rank trees, payloads with their writer and shard
 CHUNKED_VERSION = 3  # version 2, and raw shards with per-chunk checksums (format/chunks.py)
 REFERENCES_VERSION = 4  # either layout, and payloads whose bytes an earlier step holds ("ref")
@@ -149,6 +151,12 @@ class Manifest:
     def world(self) -> int:
         """How many ranks saved the step (1 for a single process)."""
         return 1 + len(self.rank_trees)
+
+    @property
+    def partial(self) -> bool:
+        """Whether the step is one rank's part of a step (a memory tier's): its shards cover only
+        that rank's boxes of their global tensors, not the whole."""
+        return PART_KEY in self.info
 
     @property
     def saved_as(self) -> str | None:

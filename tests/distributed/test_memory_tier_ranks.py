@@ -1,0 +1,56 @@
+"""The memory tier of a distributed job (docs/memory.md): real DDP and FSDP2 ranks on gloo, hosts
+pretended by name; a restart resumes from the ranks' own memory copies, a wiped host's ranks pull
+their parts from peers, and the end is bit-identical to an uninterrupted run."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from crashsafe.storage.layout import committed_steps
+
+
+def _launch(launch: Any, kind: str, hosts: list[str], tmp: Path, name: str, steps: int) -> list[str]:
+    """Run the job with a memory tier (one save per step, every 5th persistent) to ``steps``; the
+    sources each rank's restore named."""
+    env = {"JOB_MEMORY": str(tmp / "mem"), "JOB_HOSTS": ",".join(hosts), "JOB_PERSIST_EVERY": "5"}
+    ranks = launch("job.py", len(hosts), kind, tmp / f"{name}-disk", steps, 1, tmp / f"{name}.npz", 60,
+                   env_of={r: env for r in range(len(hosts))})  # fmt: skip
+    sources = []
+    for proc, _ in ranks.procs:  # (read to the end first: the ranks exit on their own)
+        lines = proc.stdout.read().splitlines() if proc.stdout else []
+        sources += [line.removeprefix("source ") for line in lines if line.startswith("source ")]
+    codes = ranks.wait()
+    assert codes == [0] * len(hosts), codes
+    return sources
+
+
+def _same(a: Path, b: Path) -> None:
+    with np.load(a) as left, np.load(b) as right:
+        assert sorted(left.files) == sorted(right.files)
+        for name in left.files:
+            assert np.array_equal(left[name], right[name]), name
+
+
+@pytest.mark.parametrize(("kind", "hosts"), [("ddp", ["a", "b"]), ("fsdp", ["a", "a", "b", "b"])])
+def test_a_restart_resumes_from_memory_and_a_wiped_host_from_peers(
+    tmp_path: Path, launch: Any, kind: str, hosts: list[str]
+) -> None:
+    straight = tmp_path / "straight"
+    straight.mkdir()
+    _launch(launch, kind, hosts, straight, "run", 10)
+    run = tmp_path / "run"
+    run.mkdir()
+    assert _launch(launch, kind, hosts, run, "run", 7) == ["none"] * len(hosts)
+    assert committed_steps(run / "run-disk") == [5]  # every 5th save is persistent
+    assert committed_steps(run / "mem" / "a" / "rank_0") == [6, 7]
+    assert _launch(launch, kind, hosts, run, "run", 8) == ["memory"] * len(hosts)  # own copies
+    shutil.rmtree(run / "mem" / "b")  # host b lost its memory: its ranks pull their parts
+    sources = _launch(launch, kind, hosts, run, "run", 10)
+    assert [s for h, s in zip(hosts, sources, strict=True) if h == "a"] == ["memory"] * hosts.count("a")
+    assert all(s.startswith("peer ") for h, s in zip(hosts, sources, strict=True) if h == "b"), sources
+    _same(straight / "run.npz", run / "run.npz")
