@@ -13,12 +13,18 @@ scripts that build their model here; JOB_FROZEN=1 puts a frozen Linear(WIDTH, 40
 big enough that saves refer to it once committed: docs/unchanged.md) between the trained layers.
 JOB_MEMORY=ROOT adds a memory tier in ROOT/<host>, the host of each rank named by JOB_HOSTS (a comma
 list, one per rank), saving to DIR every JOB_PERSIST_EVERY-th save (5); the job then prints "source
-S" after "resumed N", where the restore came from.
+S" and "recovery SECONDS" after "resumed N": where the restore came from, and how long it took.
+JOB_PERSISTENT_FAULT=1 injects a fault in this job (the field test's, bench/memory_field.py): if DIR
+holds a committed step when the job starts, every listing or opening of a step of DIR while the job
+restores prints "FAULT ..." on stderr and raises, so a restore that reads the persistent tier fails.
 """
 
+import contextlib
 import os
 import sys
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,9 +33,12 @@ import torch.distributed as dist
 from leaving import leave
 
 from crashsafe.distributed import saving
+from crashsafe.errors import StorageError
 from crashsafe.manager import CheckpointManager
 from crashsafe.memory_tier import MemoryTier
 from crashsafe.state.rng import RNGState
+from crashsafe.storage.layout import committed_steps
+from crashsafe.storage.local import LocalStore
 
 WIDTH = int(os.environ.get("JOB_WIDTH", "32"))
 if "JOB_CHUNK_BYTES" in os.environ:
@@ -57,6 +66,41 @@ def build(kind: str, world: int) -> tuple[torch.nn.Module, torch.optim.Optimizer
     elif kind == "ddp":
         model = torch.nn.parallel.DistributedDataParallel(model)
     return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+
+@contextlib.contextmanager
+def persistent_reads_fail(directory: str) -> Iterator[None]:
+    """With JOB_PERSISTENT_FAULT=1 and a committed step in ``directory`` (the persistent tier), every
+    listing or opening of its steps in the block says so on stderr and raises StorageError: a fault
+    injected in this process, at the store the manager reads the persistent tier through."""
+    if os.environ.get("JOB_PERSISTENT_FAULT") != "1" or not committed_steps(directory):
+        yield
+        return
+    where = Path(directory).resolve()
+    originals = {name: getattr(LocalStore, name) for name in ("steps", "has_step", "open_step")}
+
+    def failing(name: str, original: Any) -> Any:
+        def read(self: LocalStore, *args: Any) -> Any:
+            if Path(self.location).resolve() != where:  # (a memory store: read as usual)
+                return original(self, *args)
+            print(
+                f"FAULT: the persistent tier was read while restoring: {name}{args}",
+                file=sys.stderr,
+                flush=True,
+            )
+            raise StorageError(
+                f"the persistent tier {where} fails every read (a fault the field test injects)"
+            )
+
+        return read
+
+    for name, original in originals.items():
+        setattr(LocalStore, name, failing(name, original))
+    try:
+        yield
+    finally:
+        for name, original in originals.items():
+            setattr(LocalStore, name, original)
 
 
 def full(value: torch.Tensor) -> np.ndarray:
@@ -88,10 +132,12 @@ def train(kind: str, directory: str, steps: int, every: int, timeout: float) -> 
     with CheckpointManager(
         directory, keep_last=2, coordination_timeout=timeout, async_save=not sync, memory=memory
     ) as mgr:
-        mgr.restore(state)
+        with persistent_reads_fail(directory):
+            mgr.restore(state)
         print(f"resumed {state['step']}", flush=True)
         if memory is not None:
             print(f"source {mgr.recovery.source if mgr.recovery else 'none'}", flush=True)
+            print(f"recovery {mgr.recovery.seconds if mgr.recovery else 0:.3f}", flush=True)
         while state["step"] < steps:
             step = state["step"]
             g = torch.Generator().manual_seed(1000 * step + rank)
