@@ -423,10 +423,9 @@ def main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     cfg = Config(args.kills, args.wipes, args.steps, tuple(args.life), args.seed, args.width)
     work = Path(tempfile.mkdtemp(prefix="memory-field-", dir=args.work))
-    shm = Path("/dev/shm")
-    memory = Path(tempfile.mkdtemp(prefix="memory-field-", dir=shm)) if shm.is_dir() else work / "mem"
-    if args.work:  # (kept, with the ranks' logs, for a look afterwards)
-        memory = work / "mem"
+    memory = work / "mem"  # (with --work: kept, with the ranks' logs, for a look afterwards)
+    if not args.work and Path("/dev/shm").is_dir():  # a RAM disk, as a memory tier would have
+        memory = Path(tempfile.mkdtemp(prefix="memory-field-", dir="/dev/shm"))
     try:
         began = time.monotonic()
         reference = straight(cfg, work / "straight")
