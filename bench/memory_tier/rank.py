@@ -37,7 +37,9 @@ STEP = 7  # the step the recovery part saves and restores
 
 # where the memory saves' time goes, timed inside crashsafe (bench/distributed/phases.py)
 PHASES: dict[tuple[str, str, str], str] = {
-    ("crashsafe.state.staging", "StagingPool", "capture"): "snapshot: copy into staging (in the save call)",
+    ("crashsafe.manager", "CheckpointManager", "_wait_pending"): "waiting for the save in flight (the save "
+    "call's, and the block's last wait)",
+    ("crashsafe.manager", "", "take_snapshot"): "snapshot: copy into staging (in the save call)",
     ("crashsafe.memory_tier", "MemoryParts", "save"): "memory step, in the background (all of it)",
     ("crashsafe.memory_tier", "", "save_step"): "  own part: write + checksum + commit in /dev/shm",
     ("crashsafe.memory_tier", "MemoryParts", "replicate"): "  copies to and from the peers (gloo)",
@@ -54,6 +56,8 @@ PHASES: dict[tuple[str, str, str], str] = {
     ("crashsafe.memory_tier", "MemoryParts", "retain"): "  retention (delete older steps)",
     ("crashsafe.manager", "", "save_step"): "persistent step (every Nth save), in the background",
 }
+
+ORDER = list(PHASES.values())
 
 
 def _cpu() -> float:
@@ -135,7 +139,16 @@ def run_steps(cfg: dict[str, Any], model: torch.nn.Module, optim: torch.optim.Op
             if mgr is not None:
                 mgr.wait()
             end = time.perf_counter()
-            every_rank = gather((steps, stalls, end - began, end - t_wait, _cpu() - cpu, phases.take()))
+            took = phases.take()
+            mine = (
+                steps,
+                stalls,
+                end - began,
+                end - t_wait,
+                _cpu() - cpu,
+                {k: took.get(k, 0.0) for k in ORDER},
+            )
+            every_rank = gather(mine)
             done = out[config]
             done["step"].append([max(s) for s in zip(*(e[0] for e in every_rank), strict=True)])
             done["stall"].append([max(s) for s in zip(*(e[1] for e in every_rank), strict=True)])
