@@ -27,9 +27,9 @@ def join() -> Any:
     port, timeout = int(os.environ["MASTER_PORT"]), datetime.timedelta(seconds=300)
     if rank == 0:
         fd = int(os.environ["BENCH_STORE_FD"])
-        store = dist.TCPStore("127.0.0.1", port, world, True, timeout, master_listen_fd=fd)
+        store = dist.TCPStore("127.0.0.1", port, world, True, timeout, master_listen_fd=fd)  # type: ignore[attr-defined]
     else:
-        store = dist.TCPStore("127.0.0.1", port, world, False, timeout)
+        store = dist.TCPStore("127.0.0.1", port, world, False, timeout)  # type: ignore[attr-defined]
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
     return store
 

@@ -87,7 +87,7 @@ class Ranks:
                 raise RuntimeError(f"no progress for {STEP_TIMEOUT:.0f} s while {what}:\n{self.tail()}")
             time.sleep(0.01)
 
-    def stop(self) -> list[int | None]:
+    def stop(self) -> list[int]:
         """Kill every rank still running; wait for all and read their last lines; exit codes."""
         for proc in self.procs:
             if proc.poll() is None:

@@ -106,12 +106,12 @@ def run_steps(cfg: dict[str, Any], model: torch.nn.Module, optim: torch.optim.Op
         seed += 1
         train_step(model, optim, 1000 * seed + rank, cfg["batch"])
     first = {}
-    for name, mgr in mgrs.items():  # a first save each (staging buffers, memory directories), untimed
+    for name, each in mgrs.items():  # a first save each (staging buffers, memory directories), untimed
         dist.barrier()
         t0 = time.perf_counter()
-        mgr.save(0, state)
+        each.save(0, state)
         first[name] = time.perf_counter() - t0
-        mgr.wait()
+        each.wait()
     out: dict[str, Any] = {c: {"step": [], "stall": [], "block": [], "wait": [], "cpu": []} for c in CONFIGS}
     out["first_stall"] = {k: max(g[k] for g in gather(first)) for k in first}
     out["floor"], out["phases"], out["sizes"] = [], [], sizes
@@ -161,8 +161,8 @@ def run_steps(cfg: dict[str, Any], model: torch.nn.Module, optim: torch.optim.Op
         floors = gather(_floor(model, optim, cfg["floor_reps"]))
         out["floor"] += [max(f) for f in zip(*floors, strict=True)]
     out["part_bytes"] = gather(sum(t.numel() * t.element_size() for t in local_tensors(model, optim)))
-    for mgr in mgrs.values():
-        mgr.close()
+    for each in mgrs.values():
+        each.close()
     return out
 
 

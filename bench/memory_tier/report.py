@@ -161,21 +161,23 @@ def recovery_ceiling(results: dict[str, Any]) -> list[str]:
     parts = []
     for kind, r in results.items():
         rec, floor = recovery_figures(r["recovery"]), statistics.median(r["steps"]["floor"])
+        memory = rec["memory"]["best"]
         parts.append(
-            f"{NAMES[kind]}: local disk evicted / warm "
-            f"{rec['disk, cold']['best'] / rec['disk']['best']:.2f}x, "
-            f"memory {rec['memory']['best'] / floor:.1f}x the copy floor of section 1"
+            f"{NAMES[kind]}: memory {memory / rec['disk']['best']:.2f}x the warm disk, "
+            f"{memory / rec['disk, cold']['best']:.2f}x the evicted one, {memory / floor:.1f}x the copy "
+            "floor "
+            "of section 1"
         )
     return [
         "**The ceiling.** A restore from the memory tier reads the part from tmpfs, which is RAM, as is the "
-        "page cache that holds a local step just written; and on this virtual machine the host may serve an "
-        "evicted step from its own cache (" + "; ".join(parts) + "). Around the read, both restores do the "
-        "same work: open the manager, agree on the step, checksum every byte, allocate the fresh optimizer's "
-        "moments and copy the values in (`load_state_dict`). So here a memory restore is about the time of a "
-        "local disk restore, not 0.3x of it, and a peer restore adds the transfer of the wiped host's parts "
-        "over loopback gloo (sent, checked, committed and read back, as a save's copies are). Against a disk "
-        "that has not cached the step, or an object store, the same memory restore is the fraction in the "
-        "`/ S3` column."
+        "page cache that holds a local step just written; an evicted step is read from a virtual disk whose "
+        "host may cache it too. Around the read, all of them do the same work: open the manager, agree on "
+        "the "
+        "step, checksum every byte, allocate the fresh optimizer's moments and copy the values in "
+        "(`load_state_dict`). Best times: " + "; ".join(parts) + ". A peer restore adds the transfer of the "
+        "wiped host's parts over loopback gloo (sent, checked, committed and read back, as a save's copies "
+        "are). Against a disk that has not cached the step, or an object store, the same memory restore is "
+        "the fraction in the `/ S3` column."
     ]
 
 
