@@ -311,7 +311,9 @@ def report(results: dict[str, Any], meta: dict[str, Any]) -> str:
         "steps.",
         "- Every block ends with `wait()`, timed in it. Time per step = the slowest rank's. **Floor**: every "
         "rank copies its state (its local shards) into buffers allocated beforehand, all ranks at once: the "
-        "least a snapshot does. CPU-seconds: user + system of every rank's process (all threads), summed.",
+        "least a snapshot does. CPU-seconds: user + system of every rank's process (all threads), summed. "
+        "A fraction of a step depends on the step's length (here the batch's); the milliseconds a save adds "
+        "depend on it less (the CPU a save takes is the same whatever the step).",
         "",
         "## Targets",
         "",
@@ -428,10 +430,11 @@ def kills_text(plan: dict[str, Any], seed: int) -> str:
         "Trials are chained: each restart trains on to the next kill. **Steps lost** = that step minus the "
         "step restored: **1** is the step whose save was in flight (async: `save` returns after the snapshot "
         "and the memory step is committed in the background; one save is in flight at a time, so at most 1); "
-        "**-1** is a step restored whose `save` had not returned yet (`async_save=False`: every part and "
-        "copy "
-        "was committed, the rank died in the save's last phase, retention): nothing lost. A restart that "
-        "found no step at all (the first save after a fresh start still in flight) restores none (step 0)."
+        "**-1** is a step restored whose `save` had not returned yet (`async_save=False`: the ranks were "
+        "killed "
+        "after every part and copy of it was committed, before the call returned): nothing lost. A restart "
+        "that finds no step starts from step 0 (`none`: the persistent-only runs were killed before their "
+        "first save)."
     )
 
 
