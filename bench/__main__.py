@@ -22,6 +22,7 @@ ORDER = [  # make bench runs them in this order
     "integrations",
     "restore",
     "distributed",
+    "memory_tier",
 ]
 
 

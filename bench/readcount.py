@@ -30,15 +30,24 @@ class Reads:
 
     def take(self) -> int:
         """Bytes read at least once since the last call, over every file."""
-        total = 0
+        return sum(self.take_split(""))
+
+    def take_split(self, mark: str) -> tuple[int, int]:
+        """Bytes read at least once since the last call: from the files whose name contains
+        ``mark`` (a directory: the files of its steps), and from the others."""
+        inside, outside = 0, 0
         with self._lock:
-            for ranges in self._ranges.values():
-                reach = 0
+            for name, ranges in self._ranges.items():
+                total, reach = 0, 0
                 for start, stop in sorted(ranges):
                     total += max(0, stop - max(start, reach))
                     reach = max(reach, stop)
+                if mark in name:
+                    inside += total
+                else:
+                    outside += total
             self._ranges.clear()
-        return total
+        return inside, outside
 
 
 def count_reads() -> Reads:

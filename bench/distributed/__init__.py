@@ -61,17 +61,18 @@ class LaunchFailed(RuntimeError):
     """A rank of a launch exited with an error or a signal, or the launch overran its timeout."""
 
 
-def launch_once_more(world: int, cfg: dict[str, Any], name: str) -> dict[str, Any]:
-    """:func:`launch`, run a second time if the first fails (the machine is shared); a retried
-    launch says so in its result and in the report. A second failure ends the benchmark."""
+def launch_once_more(world: int, cfg: dict[str, Any], name: str, **how: Any) -> dict[str, Any]:
+    """:func:`launch` (``how``: its keywords), run a second time if the first fails (the machine is
+    shared); a retried launch says so in its result and in the report. A second failure ends the
+    benchmark."""
     try:
-        return launch(world, cfg, name)
+        return launch(world, cfg, name, **how)
     except LaunchFailed as first:
         print(f"   {first}\n   retrying {name} once", flush=True)
         for directory in cfg["dirs"].values():  # the failed launch's saves: a retry starts afresh
             shutil.rmtree(directory, ignore_errors=True)
         try:
-            result = launch(world, cfg, name)
+            result = launch(world, cfg, name, **how)
         except LaunchFailed as second:
             raise SystemExit(str(second)) from None
         result["retried"] = str(first).splitlines()[0]
@@ -107,13 +108,14 @@ def launch(
     name: str,
     module: str = "bench.distributed.rank",
     src: Path = ROOT / "src",
+    work: Path = WORK,
 ) -> dict[str, Any]:
-    """Run one job of ``world`` ranks (``python -m module CONFIG``, crashsafe from ``src``) with
-    ``cfg``; return rank 0's results and the machine's lowest available memory while it ran. Every
-    rank is killed if any fails or the launch overruns."""
-    cfg = {**cfg, "out": str(WORK / f"{name}.json")}
+    """Run one job of ``world`` ranks (``python -m module CONFIG``, crashsafe from ``src``, its
+    config, logs and result in ``work``) with ``cfg``; return rank 0's results and the machine's
+    lowest available memory while it ran. Every rank is killed if any fails or the launch overruns."""
+    cfg = {**cfg, "out": str(work / f"{name}.json")}
     _wait_for_memory(world, cfg, name)
-    config = WORK / f"{name}.cfg.json"
+    config = work / f"{name}.cfg.json"
     config.write_text(json.dumps(cfg))
     procs = []
     lowest = before = _available()
@@ -129,7 +131,7 @@ def launch(
             if rank == 0:
                 env["BENCH_STORE_FD"] = str(listener.fileno())
                 fds = (listener.fileno(),)
-            log = open(WORK / f"{name}.rank{rank}.log", "w")  # noqa: SIM115 - closed below
+            log = open(work / f"{name}.rank{rank}.log", "w")  # noqa: SIM115 - closed below
             cmd = [sys.executable, "-m", module, str(config)]
             proc = subprocess.Popen(
                 cmd, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, pass_fds=fds,
@@ -151,7 +153,7 @@ def launch(
             log.close()
     codes = [p.returncode for p, _ in procs]
     if any(codes):
-        tail = (WORK / f"{name}.rank0.log").read_text()[-3000:]
+        tail = (work / f"{name}.rank0.log").read_text()[-3000:]
         raise LaunchFailed(f"launch {name} failed (exit codes {codes}); rank 0's log ends:\n{tail}")
     result: dict[str, Any] = json.loads(Path(cfg["out"]).read_text())
     result["machine_mem"] = {"available_before": before, "lowest_available": lowest}

@@ -9,7 +9,6 @@ gathered on rank 0, which writes them to the config's ``out`` (JSON).
 from __future__ import annotations
 
 import ctypes
-import datetime
 import gc
 import json
 import os
@@ -34,6 +33,9 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 import crashsafe as cs
 from bench.core import fsync_path
 from bench.distributed import phases
+from bench.distributed.group import gather as _gather
+from bench.distributed.group import join as _join
+from bench.distributed.group import leave as _leave
 from bench.distributed.model import build, fingerprint, nudge
 
 _BEGAN = time.perf_counter()
@@ -80,12 +82,6 @@ class PeakMemory:
         self.anon_peak = max(self.anon_peak, _status("RssAnon"))
         self.extra = _status("VmHWM") - self.start
         self.anon = self.anon_peak - self.anon_start
-
-
-def _gather(value: Any) -> list[Any]:
-    out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, value)
-    return out
 
 
 def dcp_payload(model: torch.nn.Module, optim: torch.optim.Optimizer) -> dict[str, Any]:
@@ -251,39 +247,6 @@ def restore_once(method: str, directory: Path, cfg: dict[str, Any]) -> dict[str,
         "open": max(e[2] for e in every),
         "fingerprint": found,
     }
-
-
-def _join() -> Any:
-    """Join the job and return its store: rank 0 serves the rendezvous store on the socket the
-    launcher bound to 127.0.0.1 (so nothing listens on other interfaces); gloo's sockets are on
-    ``lo``."""
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    port, timeout = int(os.environ["MASTER_PORT"]), datetime.timedelta(seconds=300)
-    if rank == 0:
-        fd = int(os.environ["BENCH_STORE_FD"])
-        store = dist.TCPStore("127.0.0.1", port, world, True, timeout, master_listen_fd=fd)
-    else:
-        store = dist.TCPStore("127.0.0.1", port, world, False, timeout)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
-    return store
-
-
-def _leave(store: Any) -> None:
-    """Leave the job together and exit at once: every rank destroys its groups, then waits on the
-    store until all have, so rank 0 (the store's server) goes last; the interpreter's teardown is
-    skipped, where gloo once aborted a rank whose peers had left ('terminate called without an
-    active exception', SIGABRT, after every crashsafe manager was closed)."""
-    dist.barrier()
-    dist.destroy_process_group()
-    world = int(os.environ["WORLD_SIZE"])
-    store.add("left", 1)
-    deadline = time.monotonic() + 60
-    while store.add("left", 0) < world and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if int(os.environ["RANK"]) == 0:
-        time.sleep(0.5)  # the others' last reads of the store return before its server goes
-    sys.stdout.flush()
-    os._exit(0)
 
 
 def main(config: str) -> None:

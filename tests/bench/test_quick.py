@@ -32,3 +32,21 @@ def test_finetune_quick_runs_every_saver_and_writes_its_report(tmp_path: Path) -
     assert "the read limit** (target <= 1.3x)" in text
     assert out.with_suffix(".png").stat().st_size > 0
     assert not any(work.iterdir()) if work.exists() else True  # the checkpoints are cleaned up
+
+
+def test_memory_tier_quick_measures_steps_recovery_and_kills(tmp_path: Path) -> None:
+    out, work = tmp_path / "memory_tier.md", tmp_path / "work"
+    before = set(Path("/dev/shm").glob("crashsafe-bench-*"))
+    done = run_quick("memory_tier", tmp_path, "--kinds", "ddp", "--work", str(work), "--out", str(out))
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stderr == ""  # no warning or log line from torch or crashsafe
+    text = out.read_text()
+    for row in ("| DDP | no checkpoint (baseline) |", "| DDP | memory save every step (steady state) |",
+                "| DDP | floor: copy the rank's state into kept buffers |", "| DDP | peer |", "| DDP | s3 |",
+                "| DDP | memory every step, `async_save=False` | 1 |"):  # fmt: skip
+        assert row in text, row
+    assert "**Per-step overhead of a memory save every step <= 10% of a step**" in text
+    assert "**no**" not in text  # every restore bit-identical
+    assert out.with_suffix(".png").stat().st_size > 0
+    assert not work.exists()  # the checkpoints and logs are cleaned up
+    assert set(Path("/dev/shm").glob("crashsafe-bench-*")) <= before  # and the memory directories
