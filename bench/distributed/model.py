@@ -48,11 +48,17 @@ def build(
     return model, optim
 
 
-def nudge(model: torch.nn.Module) -> None:
-    """A training step's change to the weights (the same on every replica), between saves."""
+def nudge(model: torch.nn.Module, optim: torch.optim.Optimizer) -> None:
+    """A training step's change to the weights and AdamW's moments (the same on every replica),
+    between saves: every tensor changes, as in training (a tensor left as it was would be referred
+    to, not written again: docs/unchanged.md)."""
     with torch.no_grad():
         for p in model.parameters():
             p.add_(1e-4)
+        for slots in optim.state.values():
+            for name, t in slots.items():
+                if name != "step":
+                    t.add_(1e-6)
 
 
 def fingerprint(model: torch.nn.Module, optim: torch.optim.Optimizer) -> float:

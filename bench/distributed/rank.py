@@ -192,7 +192,7 @@ def run_saves(cfg: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
     for i in range(1, cfg["saves"] + 1):
         k = (i - 1) % len(methods)
         for method in methods[k:] + methods[:k]:  # each round starts with another method
-            nudge(state["model"])
+            nudge(state["model"], state["optim"])
             state["step"] = i
             gc.collect()
             dist.barrier()
