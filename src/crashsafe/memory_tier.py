@@ -30,6 +30,7 @@ from crashsafe.errors import CrashsafeError, CrashsafeWarning, InvalidArgumentEr
 from crashsafe.format.manifest import PART_KEY, Manifest
 from crashsafe.policies.keep import KeepLast
 from crashsafe.state.tree import ArrayLeaf
+from crashsafe.state.unchanged import Unchanged
 from crashsafe.storage.base import Lock, Store
 from crashsafe.storage.local import LocalStore
 from crashsafe.storage.localdir import LocalDir, UnsafeEntryError
@@ -136,12 +137,13 @@ class MemoryParts:
         )  # fmt: skip
         self._catalogs[self.coord.rank].forget([step])
         self._catalogs[self.coord.rank].committed(manifest)
-        self.replicate(step)
+        self.replicate(step, manifest, arrays)
         self.retain()
         return manifest
 
-    def replicate(self, step: int) -> None:
-        """Copy every rank's part of ``step`` to its peers (every rank calls it); ``complete`` is
+    def replicate(self, step: int, manifest: Manifest, arrays: list[Staged]) -> None:
+        """Copy every rank's part of ``step`` to its peers (every rank calls it): this rank's from the
+        ``arrays`` its ``manifest`` was committed from, still staged (not read again); ``complete`` is
         ``step`` once every copy is committed and checked, else the problems are logged and warned."""
         if self.peers is None:
             self.complete = step
@@ -151,8 +153,9 @@ class MemoryParts:
             for owner, holders in enumerate(self.placement)
             for holder in holders[1:]
         ]
+        staged = [a.array if isinstance(a, Unchanged) else a for a in arrays]  # (none: unchanged=False)
         outcome = exchange(self.peers.group, self.coord.rank, transfers, self.stores.__getitem__,
-                           f"copying step {step} to the peers")  # fmt: skip
+                           f"copying step {step} to the peers", lambda t: (manifest, staged))  # fmt: skip
         mine = [f"{t.owner}->{t.target}: {problem}" for t, problem in outcome.items() if problem]
         problems = [
             p for rank_problems in self.peers.all_gather(mine, "copying a step") for p in rank_problems

@@ -22,6 +22,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from crashsafe.copying import check_copy, write_copy
 from crashsafe.distributed.group import DEFAULT_TIMEOUT
 from crashsafe.distributed.placement import placement
@@ -59,15 +61,26 @@ class Transfer:
     target: int  # rank that receives it, into its store of owner's parts
 
 
+Staged = Callable[[Transfer], "tuple[Manifest, Sequence[np.ndarray[Any, Any]]] | None"]
+
+
 def exchange(
-    group: Any, rank: int, transfers: Sequence[Transfer], store_of: Callable[[int], Store], what: str
+    group: Any,
+    rank: int,
+    transfers: Sequence[Transfer],
+    store_of: Callable[[int], Store],
+    what: str,
+    staged: Staged | None = None,
 ) -> dict[Transfer, str | None]:
     """Run every transfer in which this rank (``rank`` of ``group``, a gloo group whose timeout
     bounds the whole call) is source or target; every rank of the group calls it with the same
     ``transfers``. A source reads step ``step`` of ``store_of(owner)``, every payload checksummed,
     and sends it (a step it cannot send, an error text instead); a target checks what it receives
     and commits it into ``store_of(owner)`` (replacing another save of that step number there;
-    keeping the very same save if it is intact), reads it back and checksums it, and answers. Returns,
+    keeping the very same save if it is intact) and answers. ``staged(t)``, where it gives them, are
+    the manifest of a step this rank just committed and the bytes it committed it from, in payload
+    order, still in memory: sent as they are, neither read nor checksummed again (the target checks
+    them). Returns,
     for each transfer this rank took part in, None (done: the target holds the copy, checked) or
     what went wrong. Raises only for ``transfers`` no rank could run (InvalidArgumentError, on
     every rank alike)."""
@@ -79,7 +92,7 @@ def exchange(
             f"rank={rank}, but this process is rank {link.rank} of the group: pass that"
         )
     tags = _tags(transfers)
-    sending = [_Sending(link, t, tags[t], store_of) for t in transfers if t.source == rank]
+    sending = [_Sending(link, t, tags[t], store_of, staged) for t in transfers if t.source == rank]
     outcome: dict[Transfer, str | None] = {}
     answers: list[_Posted] = []
     for t in transfers:
@@ -271,38 +284,76 @@ def _owns_all(manifest: Manifest, where: str) -> None:
             )
 
 
+def _in_memory(manifest: Manifest, arrays: Sequence[np.ndarray[Any, Any]]) -> tuple[bytes, list[Any]] | None:
+    """A step's manifest and the wire's chunks of the bytes it was committed from (in payload order):
+    a chunk inside one array is a view of it, one across arrays a copy of its pieces. None if the
+    arrays are not the payloads' bytes one for one (they are read from the store then)."""
+    import torch
+
+    where = f"step {manifest.step} as just committed"
+    _owns_all(manifest, where)
+    flats = [np.ascontiguousarray(a).reshape(-1).view(np.uint8) for a in arrays]
+    if [f.nbytes for f in flats] != [e.nbytes for e in manifest.payloads]:
+        return None
+    total = sum(f.nbytes for f in flats)
+    if len(_chunks(total)) > _MAX_CHUNKS:
+        raise CrashsafeError(f"{where} holds {total} bytes, more than a peer copy carries")
+    starts = np.cumsum([0] + [f.nbytes for f in flats])
+    pieces = []
+    for start, stop in _chunks(total):
+        first = int(np.searchsorted(starts, start, side="right")) - 1
+        parts, at, i = [], start, first
+        while at < stop:
+            if flats[i].nbytes:
+                parts.append(flats[i][at - starts[i] : min(stop, starts[i + 1]) - starts[i]])
+            at = int(starts[i + 1])
+            i += 1
+        pieces.append(torch.from_numpy(parts[0] if len(parts) == 1 else np.concatenate(parts)))
+    return dumps(manifest), pieces
+
+
 class _Sending:
     """A transfer this rank sends: the step read and checksummed, then every message posted, and
     its target's answer awaited by :meth:`finish`."""
 
-    def __init__(self, link: _Link, transfer: Transfer, tag: int, store_of: Callable[[int], Store]) -> None:
+    def __init__(
+        self,
+        link: _Link,
+        transfer: Transfer,
+        tag: int,
+        store_of: Callable[[int], Store],
+        staged: Staged | None,
+    ) -> None:
         self.transfer, self._link, self._tag = transfer, link, tag
         self._posted: list[_Posted] = []
         self._answer: _Posted | None = None
         self.problem: str | None = None
         t = transfer
         try:
-            body, payload = self._read(store_of(t.owner))
+            found = staged(t) if staged is not None else None
+            sent = _in_memory(*found) if found is not None else None  # None: read from the store
+            body, pieces = sent if sent is not None else self._read(store_of(t.owner))
             status = _OK
         except Exception as exc:  # any problem of this transfer goes to its target, which else would wait
-            body, payload, status = _text(str(exc)), None, _FAILED
+            body, pieces, status = _text(str(exc)), [], _FAILED
             self.problem = _not_sent(link, t, str(exc))
-        total = 0 if payload is None else int(payload.numel())
+        total = sum(int(piece.numel()) for piece in pieces)
         torch = link.torch
         header = torch.tensor([_MAGIC, status, len(body), total], dtype=torch.int64)
         try:
             self._posted.append(link.send(t.target, header, tag + _HEADER))
             if body:
                 self._posted.append(link.send(t.target, _uint8(body), tag + _BODY))
-            for i, (start, stop) in enumerate(_chunks(total)):
-                self._posted.append(link.send(t.target, payload[start:stop], tag + _FIRST_CHUNK + i))
+            for i, piece in enumerate(pieces):
+                self._posted.append(link.send(t.target, piece, tag + _FIRST_CHUNK + i))
             if status == _OK:
                 self._answer = link.post_recv(t.target, torch.empty(3, dtype=torch.int64), tag + _ANSWER)
         except _Lost as lost:
             self.problem = self.problem or str(lost)
 
-    def _read(self, store: Store) -> tuple[bytes, Any]:
-        """The step's manifest and its payloads' stored bytes, each checksummed as it is read."""
+    def _read(self, store: Store) -> tuple[bytes, list[Any]]:
+        """The step's manifest and its payloads' stored bytes in the wire's chunks, each payload
+        checksummed as it is read."""
         import torch
 
         with StepReader(store, self.transfer.step) as reader:
@@ -316,7 +367,7 @@ class _Sending:
             for entry in manifest.payloads:
                 reader.read_into(entry, flat[at : at + entry.nbytes])
                 at += entry.nbytes
-            return dumps(manifest), payload
+            return dumps(manifest), [payload[start:stop] for start, stop in _chunks(total)]
 
     def finish(self) -> str | None:
         """None once the target holds the copy, checked; else what went wrong."""
@@ -429,9 +480,9 @@ def _take(link: _Link, src: int, tag: int, total: int, payload: Any) -> None:
 
 
 def _commit(t: Transfer, store: Store, manifest: Manifest, payload: Any) -> str | None:
-    """Check the received bytes against the manifest, then commit them as step ``t.step`` of
-    ``store`` (in place of another save of that step number), read it back and checksum it; what
-    went wrong, or None."""
+    """Check the received bytes against the manifest, then commit them, checked, as step ``t.step``
+    of ``store`` (in place of another save of that step number); what went wrong, or None. (Not read
+    back: a RAM disk gives back what was written; the mirror's uploads are read back.)"""
     where = f"rank {t.source}'s copy of step {t.step} of rank {t.owner}'s part"
     try:
         flat, at = payload.numpy(), 0
@@ -443,7 +494,6 @@ def _commit(t: Transfer, store: Store, manifest: Manifest, payload: Any) -> str 
         if store.has_step(t.step):
             store.delete(t.step)
         write_copy(store, manifest, lambda entry: spans[id(entry)], verified=True)
-        check_copy(store, t.step)
     except Exception as exc:  # (a problem of this transfer alone)
         return str(exc)
     return None
