@@ -23,7 +23,7 @@ from crashsafe.distributed.peers import Transfer, exchange
 from crashsafe.errors import CorruptCheckpointError, CrashsafeError, NoCheckpointError, StorageError
 from crashsafe.loading import skip_damaged
 from crashsafe.memory_tier import PART_KEY, MemoryParts
-from crashsafe.restoring import restore_into, restore_part
+from crashsafe.restoring import Changes, restore_into, restore_part
 from crashsafe.storage.base import Store
 from crashsafe.storage.reader import read_manifest
 from crashsafe.storage.writer import delete_steps
@@ -52,13 +52,13 @@ def restore_tiers(
 ) -> tuple[int | None, Recovery | None]:
     """Restore ``step`` (None: the newest) into ``state``, from the memory tier if it holds it
     complete, else from the persistent ``stores``; the step restored (None: there was none) and how."""
-    began = time.perf_counter()
+    began, changes = time.perf_counter(), Changes()  # (a memory step damaged once it wrote: noted)
     if memory is not None:
-        recovered = _from_memory(memory, state, step, collective, began)
+        recovered = _from_memory(memory, state, step, collective, began, changes)
         if recovered is not None:
             memory.drop_after(recovered.step)
             return recovered.step, recovered
-    found = restore_into(stores, state, step, collective)
+    found = restore_into(stores, state, step, collective, changes)
     if memory is None:
         return found, None
     memory.drop_after(found)
@@ -90,6 +90,7 @@ def _from_memory(
     asked: int | None,
     collective: Collective,
     began: float,
+    changes: Changes,
 ) -> Recovery | None:
     coord = memory.coord
     for _ in range(ATTEMPTS):
@@ -105,7 +106,7 @@ def _from_memory(
             source = _pull(memory, at, holders[at])
             if source is None:
                 continue
-            outcome = _restore(memory, at, state, collective)
+            outcome = _restore(memory, at, state, collective, changes)
             if outcome is None:
                 recovery = Recovery(at, source, time.perf_counter() - began)
                 logger().info(
@@ -145,7 +146,7 @@ def _pull(memory: MemoryParts, step: int, parts: dict[int, list[int]]) -> str | 
 
 
 def _restore(
-    memory: MemoryParts, step: int, state: MutableMapping[str, Any], collective: Collective
+    memory: MemoryParts, step: int, state: MutableMapping[str, Any], collective: Collective, changes: Changes
 ) -> str | None:
     """Restore every rank's own part of ``step`` together: None once done; "retry" if a rank's own
     copy was damaged (deleted now, so the step is pulled again from a peer that holds one), else
@@ -153,7 +154,7 @@ def _restore(
     coord = memory.coord
     kind, message, apply = "ok", "", None
     try:
-        apply = restore_part(memory.own, step, state, collective)
+        apply = restore_part(memory.own, step, state, collective, changes)
     except PeerProblem:
         kind = "peer"
     except (CorruptCheckpointError, StorageError, NoCheckpointError) as exc:

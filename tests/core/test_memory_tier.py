@@ -17,7 +17,7 @@ from tests.hostile import make_victim, untouched
 
 import crashsafe as cs
 from crashsafe._faults import COMMIT_POINTS
-from crashsafe.errors import CorruptCheckpointWarning, InvalidArgumentError, StorageError
+from crashsafe.errors import CorruptCheckpointWarning, InvalidArgumentError, NoCheckpointError, StorageError
 from crashsafe.state.rng import RNGState
 from crashsafe.storage.layout import committed_steps
 
@@ -147,3 +147,19 @@ def test_a_memory_directory_that_is_a_symlink_is_refused_and_left_alone(tmp_path
 def test_memory_tier_settings_are_checked(tmp_path: Path, bad: dict[str, Any]) -> None:
     with pytest.raises(InvalidArgumentError, match="whole number"):
         cs.MemoryTier(tmp_path, **bad)
+
+
+def test_a_memory_step_damaged_after_it_wrote_into_the_live_state_is_not_a_fresh_start(tmp_path: Path) -> None:
+    """A memory step is read straight into the live state: if it turns out damaged and no other step
+    is left, restore must not return None ("nothing saved: start afresh") over a half-written state."""
+    tier = cs.MemoryTier(tmp_path / "mem", persist_every=100, keep_last=1)
+    with cs.CheckpointManager(tmp_path / "disk", memory=tier) as mgr:
+        mgr.save(1, {"a": np.zeros(1000), "b": np.zeros(1000)})
+    data = tmp_path / "mem" / "rank_0" / "step_000000000001" / "data.bin"
+    raw = bytearray(data.read_bytes())
+    raw[12000] ^= 0x01  # in b, the payload read last: a is in the live state by then
+    data.write_bytes(bytes(raw))
+    live = {"a": np.ones(1000), "b": np.ones(1000)}
+    with cs.CheckpointManager(tmp_path / "disk", memory=tier) as mgr, pytest.warns(CorruptCheckpointWarning):
+        with pytest.raises(NoCheckpointError, match="partly overwritten"):
+            mgr.restore(live)
