@@ -243,6 +243,7 @@ class CheckpointManager:
         if self._memory is not None:
             arrays = list(arrays)  # (staged: written twice on a persistent save)
             kept = self._memory.save(step, tree, leaves, arrays, metrics, info)
+            persistent = self._memory.persists(step, persistent)  # (a rank may have heard SIGTERM first)
             if not persistent:
                 taken = time.perf_counter() - begin
                 return SaveStats(step, stall, taken, kept.raw_nbytes, kept.stored_nbytes)

@@ -122,6 +122,11 @@ class MemoryParts:
         self._saves += 1
         return self._saves % self.tier.persist_every == 0
 
+    def persists(self, step: int, wanted: bool) -> bool:
+        """Whether ``step`` also goes to the persistent tier: if any rank wants it (every ``persist_every``th
+        save, or a SIGTERM heard), so that every rank joins that save: ranks hear SIGTERM apart."""
+        return any(self.coord.all_gather(wanted, f"deciding whether step {step} is persisted"))
+
     def save(
         self, step: int, tree: dict[str, Any], leaves: list[ArrayLeaf], arrays: list[Staged],
         metrics: dict[str, Any], info: dict[str, Any],
