@@ -149,21 +149,28 @@ def _restore(
     memory: MemoryParts, step: int, state: MutableMapping[str, Any], collective: Collective, changes: Changes
 ) -> str | None:
     """Restore every rank's own part of ``step`` together: None once done; "retry" if a rank's own
-    copy was damaged (deleted now, so the step is pulled again from a peer that holds one), else
-    "skip"."""
+    copy was damaged (deleted now, so the step is pulled again from a peer that holds one). Another
+    error (a live state that does not fit) is raised on every rank, and nothing is deleted."""
     coord = memory.coord
-    kind, message, apply = "ok", "", None
+    kind, message, apply, error = "ok", "", None, None
     try:
         apply = restore_part(memory.own, step, state, collective, changes)
     except PeerProblem:
         kind = "peer"
     except (CorruptCheckpointError, StorageError, NoCheckpointError) as exc:
         kind, message = "damaged", str(exc)
+    except CrashsafeError as exc:  # (the live state does not fit it): every rank hears, and raises
+        kind, message, error = "error", str(exc), exc
     outcomes = coord.all_gather((kind, message), f"restoring step {step} from the memory tier")
     if all(k == "ok" for k, _ in outcomes):
         assert apply is not None
         apply()
         return None
+    if error is not None:
+        raise error
+    failed = "; ".join(f"rank {r}: {m}" for r, (k, m) in enumerate(outcomes) if k == "error")
+    if failed:
+        raise CrashsafeError(f"step {step} of the memory tier could not be restored by every rank: {failed}")
     bad = "; ".join(f"rank {r}: {m}" for r, (k, m) in enumerate(outcomes) if k == "damaged")
     skip_damaged(f"skipping step {step} of the memory tier ({bad})")
     logger().warning("fell back from step %d of the memory tier because %s", step, bad)

@@ -1,0 +1,29 @@
+"""Ranks of a memory tier that meet different things act alike: the save that follows a preemption
+notice goes to the persistent tier on every rank, even where the ranks hear SIGTERM at different
+moments; a live state one rank cannot take fails every rank's restore at once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from crashsafe.storage.layout import committed_steps
+
+
+def test_ranks_hearing_sigterm_apart_persist_the_same_save(tmp_path: Path, launch: Any) -> None:
+    ranks = launch("memory_sigterm.py", 2, tmp_path / "disk", tmp_path / "mem", 15)
+    outs = [proc.communicate(timeout=120)[0] for proc, _ in ranks.procs]
+    assert ranks.wait() == [0, 0]
+    assert [out.strip().splitlines()[-1] for out in outs] == ["exit 143", "exit 143"], outs
+    assert committed_steps(tmp_path / "disk") == [3]  # the preempted job's last save, on disk
+
+
+def test_a_live_state_one_rank_cannot_take_fails_every_rank_at_once(tmp_path: Path, launch: Any) -> None:
+    """A rank whose live state does not fit its memory part raises its error; the others hear it and
+    raise too, naming it, instead of waiting for that rank until the coordination timeout."""
+    ranks = launch("memory_mismatch.py", 2, tmp_path / "disk", tmp_path / "mem", 60)
+    outs = [proc.communicate(timeout=120)[0].strip() for proc, _ in ranks.procs]
+    assert ranks.wait() == [0, 0]
+    assert outs[1].startswith("UnsupportedStateError"), outs
+    assert not outs[0].startswith("CoordinationError") and "rank 1" in outs[0] and "shape" in outs[0], outs
+    assert committed_steps(tmp_path / "mem" / "a" / "rank_0") == [1, 2]  # nothing deleted: not damage
