@@ -53,14 +53,21 @@ def restore_tiers(
     """Restore ``step`` (None: the newest) into ``state``, from the memory tier if it holds it
     complete, else from the persistent ``stores``; the step restored (None: there was none) and how."""
     began, changes = time.perf_counter(), Changes()  # (a memory step damaged once it wrote: noted)
+    skipped: list[str] = []  # why complete memory steps were not restored
     if memory is not None:
-        recovered = _from_memory(memory, state, step, collective, began, changes)
+        recovered = _from_memory(memory, state, step, collective, began, changes, skipped)
         if recovered is not None:
             memory.drop_after(recovered.step)
             return recovered.step, recovered
     found = restore_into(stores, state, step, collective, changes)
     if memory is None:
         return found, None
+    if found is None and skipped:  # as a persistent tier all damaged: not "nothing saved, start afresh"
+        raise CorruptCheckpointError(
+            f"no step of the memory tier {memory.tier.path} could be restored ({'; '.join(skipped)}), and "
+            f"{stores[0].location} holds no step. Run `crashsafe verify` on the memory directory for "
+            "details; delete it to start afresh"
+        )
     memory.drop_after(found)
     if found is None:
         return None, None
@@ -91,6 +98,7 @@ def _from_memory(
     collective: Collective,
     began: float,
     changes: Changes,
+    skipped: list[str],
 ) -> Recovery | None:
     coord = memory.coord
     for _ in range(ATTEMPTS):
@@ -103,10 +111,10 @@ def _from_memory(
         complete = sorted((at for at, parts in holders.items() if len(parts) == coord.world), reverse=True)
         retry = False
         for at in [s for s in complete if asked is None or s == asked]:
-            source = _pull(memory, at, holders[at])
+            source = _pull(memory, at, holders[at], skipped)
             if source is None:
                 continue
-            outcome = _restore(memory, at, state, collective, changes)
+            outcome = _restore(memory, at, state, collective, changes, skipped)
             if outcome is None:
                 recovery = Recovery(at, source, time.perf_counter() - began)
                 logger().info(
@@ -121,9 +129,10 @@ def _from_memory(
     return None
 
 
-def _pull(memory: MemoryParts, step: int, parts: dict[int, list[int]]) -> str | None:
+def _pull(memory: MemoryParts, step: int, parts: dict[int, list[int]], skipped: list[str]) -> str | None:
     """Make sure every rank holds its own part of ``step``, pulling it from a peer's copy where its
-    own is missing; where this rank's part came from, or None if a pull failed on any rank."""
+    own is missing; where this rank's part came from, or None if a pull failed on any rank (why:
+    in ``skipped``)."""
     coord, rank = memory.coord, memory.coord.rank
     pulls = [Transfer(owner, step, holders[0], owner) for owner, holders in sorted(parts.items())
              if owner not in holders]  # fmt: skip
@@ -140,14 +149,16 @@ def _pull(memory: MemoryParts, step: int, parts: dict[int, list[int]]) -> str | 
         message = f"step {step} of the memory tier could not be pulled from the peers: " + "; ".join(problems)
         skip_damaged(message + ". Trying an older step")
         logger().warning("%s", message)
+        skipped.append(message)
         return None
     pulled = [t.source for t in pulls if t.owner == rank]
     return f"peer {pulled[0]}" if pulled else "memory"
 
 
 def _restore(
-    memory: MemoryParts, step: int, state: MutableMapping[str, Any], collective: Collective, changes: Changes
-) -> str | None:
+    memory: MemoryParts, step: int, state: MutableMapping[str, Any], collective: Collective,
+    changes: Changes, skipped: list[str],
+) -> str | None:  # fmt: skip
     """Restore every rank's own part of ``step`` together: None once done; "retry" if a rank's own
     copy was damaged (deleted now, so the step is pulled again from a peer that holds one). Another
     error (a live state that does not fit) is raised on every rank, and nothing is deleted."""
@@ -174,6 +185,7 @@ def _restore(
     bad = "; ".join(f"rank {r}: {m}" for r, (k, m) in enumerate(outcomes) if k == "damaged")
     skip_damaged(f"skipping step {step} of the memory tier ({bad})")
     logger().warning("fell back from step %d of the memory tier because %s", step, bad)
+    skipped.append(f"step {step}: {bad}")
     if kind == "damaged":
         delete_steps(memory.own, [step])  # a peer's copy is pulled in its place, if one is intact
     return "retry"

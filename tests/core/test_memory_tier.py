@@ -17,7 +17,13 @@ from tests.hostile import make_victim, untouched
 
 import crashsafe as cs
 from crashsafe._faults import COMMIT_POINTS
-from crashsafe.errors import CorruptCheckpointWarning, InvalidArgumentError, NoCheckpointError, StorageError
+from crashsafe.errors import (
+    CorruptCheckpointError,
+    CorruptCheckpointWarning,
+    InvalidArgumentError,
+    NoCheckpointError,
+    StorageError,
+)
 from crashsafe.state.rng import RNGState
 from crashsafe.storage.layout import committed_steps
 
@@ -163,3 +169,22 @@ def test_a_memory_step_damaged_once_it_wrote_into_the_live_state_is_no_fresh_sta
     mgr = cs.CheckpointManager(tmp_path / "disk", memory=tier)
     with mgr, pytest.warns(CorruptCheckpointWarning), pytest.raises(NoCheckpointError, match="partly over"):
         mgr.restore(live)
+
+
+def test_a_memory_tier_all_damaged_and_no_persistent_step_is_no_fresh_start(tmp_path: Path) -> None:
+    """Every memory step damaged (found before anything live changed: the RNG state's payload) and
+    no persistent step: an error, as for a persistent tier all damaged, not "no step: start afresh"."""
+    tier = cs.MemoryTier(tmp_path / "mem", persist_every=100, keep_last=2)
+    with cs.CheckpointManager(tmp_path / "disk", memory=tier) as mgr:
+        for step in (1, 2):
+            mgr.save(step, {"rng": RNGState(), "x": np.full(10, float(step))})
+    for step in (1, 2):
+        data = tmp_path / "mem" / "rank_0" / f"step_{step:012d}" / "data.bin"
+        raw = bytearray(data.read_bytes())
+        raw[3000] ^= 0x01  # in the NumPy generator's state
+        data.write_bytes(bytes(raw))
+    live = {"rng": RNGState(), "x": np.ones(10)}
+    mgr = cs.CheckpointManager(tmp_path / "disk", memory=tier)
+    with mgr, pytest.warns(CorruptCheckpointWarning), pytest.raises(CorruptCheckpointError, match="memory"):
+        mgr.restore(live)
+    assert np.array_equal(live["x"], np.ones(10))
