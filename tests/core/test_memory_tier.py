@@ -188,3 +188,13 @@ def test_a_memory_tier_all_damaged_and_no_persistent_step_is_no_fresh_start(tmp_
     with mgr, pytest.warns(CorruptCheckpointWarning), pytest.raises(CorruptCheckpointError, match="memory"):
         mgr.restore(live)
     assert np.array_equal(live["x"], np.ones(10))
+
+
+def test_a_read_only_manager_refuses_a_memory_tier_it_would_not_read(tmp_path: Path) -> None:
+    """read_only=True reads the persistent tier only: with memory= it would restore an older step
+    than the memory tier holds, silently. Refused, saying what to do instead."""
+    tier = cs.MemoryTier(tmp_path / "mem", persist_every=2)
+    _run(tmp_path / "disk", tier, range(1, 4), _job())
+    with pytest.raises(InvalidArgumentError, match="read_only"):
+        cs.CheckpointManager(tmp_path / "disk", memory=tier, read_only=True)
+    assert committed_steps(tmp_path / "mem" / "rank_0") == [2, 3]
