@@ -33,9 +33,12 @@ from crashsafe.state.tree import ArrayLeaf
 from crashsafe.storage.base import Lock, Store
 from crashsafe.storage.local import LocalStore
 from crashsafe.storage.localdir import LocalDir, UnsafeEntryError
+from crashsafe.storage.reader import read_manifest
 from crashsafe.storage.writer import delete_steps
 
 __all__ = ["PART_KEY", "MemoryParts", "MemoryTier", "memory_tier"]
+
+SAVES_KEY = "memory.saves"  # info of a memory part: the run's saves so far (every Nth persists)
 
 
 @dataclass(frozen=True)
@@ -134,7 +137,7 @@ class MemoryParts:
         """Commit this process's part of ``step`` in its memory store (an older save of that step
         number is replaced), send its copies to the peers, then apply retention."""
         own = self.own
-        part = {**info, PART_KEY: f"{self.coord.rank}/{self.coord.world}"}
+        part = {**info, PART_KEY: f"{self.coord.rank}/{self.coord.world}", SAVES_KEY: self._saves}
         manifest, _ = save_step(
             self._replicas, own, self._planner, step, PLAN_LATER, tree, leaves, arrays, metrics, part,
             lambda again: delete_steps(own, [again]),
@@ -181,6 +184,15 @@ class MemoryParts:
                 catalog.retain(keep, protect)
             except CrashsafeError as exc:  # garbage, not a failed save: tried again at the next one
                 logger().warning("memory tier retention in %s failed: %s", catalog.store.location, exc)
+
+    def count_from(self, step: int | None) -> None:
+        """Count saves on from the memory step ``step`` restored (None: a persistent one, itself a
+        persisted save), so that every Nth save of the run persists, however often it restarts."""
+        saves = 0
+        if step is not None:
+            with contextlib.suppress(CrashsafeError, OSError):  # (read a moment ago: else from 0)
+                saves = read_manifest(self.own, step).info.get(SAVES_KEY, 0)
+        self._saves = saves if isinstance(saves, int) and not isinstance(saves, bool) and saves >= 0 else 0
 
     def drop_after(self, step: int | None) -> None:
         """Delete every memory step newer than ``step``, the one restored (None: every step): a run

@@ -198,3 +198,16 @@ def test_a_read_only_manager_refuses_a_memory_tier_it_would_not_read(tmp_path: P
     with pytest.raises(InvalidArgumentError, match="read_only"):
         cs.CheckpointManager(tmp_path / "disk", memory=tier, read_only=True)
     assert committed_steps(tmp_path / "mem" / "rank_0") == [2, 3]
+
+
+def test_saves_count_toward_the_persistent_tier_across_restarts(tmp_path: Path) -> None:
+    """Every Nth save of the run persists, not of each manager: a job restarting more often than
+    every N saves would else never reach the persistent tier (and lose it all with its hosts)."""
+    tier = cs.MemoryTier(tmp_path / "mem", persist_every=3)
+    for start in (1, 3, 5, 7):  # restarted every 2 saves
+        with cs.CheckpointManager(tmp_path / "disk", memory=tier) as mgr:
+            state = {"x": np.zeros(10), "step": 0}
+            assert mgr.restore(state) == (None if start == 1 else start - 1)
+            for step in (start, start + 1):
+                mgr.save(step, {"x": np.full(10, float(step)), "step": step})
+    assert committed_steps(tmp_path / "disk") == [3, 6]
