@@ -167,6 +167,9 @@ def _restore(
     coord = memory.coord
     kind, message, apply, error = "ok", "", None, None
     try:
+        claims, part = read_manifest(memory.own, step).info.get(PART_KEY), f"{coord.rank}/{coord.world}"
+        if claims != part:  # (replaced since it was listed, or a peer's copy of another part)
+            raise CorruptCheckpointError(f"its step {step} is labelled {PART_KEY}={claims!r}, not {part!r}")
         apply = restore_part(memory.own, step, state, collective, changes)
     except PeerProblem:
         kind = "peer"

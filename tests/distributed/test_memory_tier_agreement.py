@@ -4,6 +4,7 @@ moments; a live state one rank cannot take fails every rank's restore at once.""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -27,3 +28,16 @@ def test_a_live_state_one_rank_cannot_take_fails_every_rank_at_once(tmp_path: Pa
     assert outs[1].startswith("UnsupportedStateError"), outs
     assert not outs[0].startswith("CoordinationError") and "rank 1" in outs[0] and "shape" in outs[0], outs
     assert committed_steps(tmp_path / "mem" / "a" / "rank_0") == [1, 2]  # nothing deleted: not damage
+
+
+def test_a_peer_sending_another_part_is_not_restored(tmp_path: Path, launch: Any) -> None:
+    """Host a lost its memory; rank 0 pulls its part from rank 1, which sends its own part instead
+    (labelled as such: memory.part "1/2"). Rank 0 never takes it for its own: no step is restored
+    from it, and every rank says why."""
+    saved = launch("memory_forged_part.py", 2, tmp_path / "disk", tmp_path / "mem", "save")
+    assert saved.wait() == [0, 0]
+    shutil.rmtree(tmp_path / "mem" / "a")
+    ranks = launch("memory_forged_part.py", 2, tmp_path / "disk", tmp_path / "mem", "restore")
+    outs = [proc.communicate(timeout=120)[0].strip() for proc, _ in ranks.procs]
+    assert ranks.wait() == [0, 0]
+    assert all(out.startswith("CorruptCheckpointError") and "1/2" in out for out in outs), outs
