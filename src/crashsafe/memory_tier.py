@@ -185,11 +185,13 @@ class MemoryParts:
             except CrashsafeError as exc:  # garbage, not a failed save: tried again at the next one
                 logger().warning("memory tier retention in %s failed: %s", catalog.store.location, exc)
 
-    def count_from(self, step: int | None) -> None:
-        """Count saves on from the memory step ``step`` restored (None: a persistent one, itself a
-        persisted save), so that every Nth save of the run persists, however often it restarts."""
+    def resumed_from(self, step: int | None) -> None:
+        """The run resumed from the memory step ``step`` (None: a persistent one, itself a persisted
+        save): saves are counted on from its count, so that every Nth save of the run persists
+        however often it restarts; and retention keeps it until a newer step has all its copies."""
         saves = 0
         if step is not None:
+            self.complete = step
             with contextlib.suppress(CrashsafeError, OSError):  # (read a moment ago: else from 0)
                 saves = read_manifest(self.own, step).info.get(SAVES_KEY, 0)
         self._saves = saves if isinstance(saves, int) and not isinstance(saves, bool) and saves >= 0 else 0

@@ -58,7 +58,7 @@ def restore_tiers(
         recovered = _from_memory(memory, state, step, collective, began, changes, skipped)
         if recovered is not None:
             memory.drop_after(recovered.step)
-            memory.count_from(recovered.step)
+            memory.resumed_from(recovered.step)
             return recovered.step, recovered
     found = restore_into(stores, state, step, collective, changes)
     if memory is None:
@@ -70,7 +70,7 @@ def restore_tiers(
             "details; delete it to start afresh"
         )
     memory.drop_after(found)
-    memory.count_from(None)
+    memory.resumed_from(None)
     if found is None:
         return None, None
     recovery = Recovery(found, "persistent", time.perf_counter() - began)

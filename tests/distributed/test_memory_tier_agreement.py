@@ -41,3 +41,19 @@ def test_a_peer_sending_another_part_is_not_restored(tmp_path: Path, launch: Any
     outs = [proc.communicate(timeout=120)[0].strip() for proc, _ in ranks.procs]
     assert ranks.wait() == [0, 0]
     assert all(out.startswith("CorruptCheckpointError") and "1/2" in out for out in outs), outs
+
+
+def test_the_step_a_restart_resumed_from_is_kept_until_a_newer_one_has_its_copies(
+    tmp_path: Path, launch: Any
+) -> None:
+    """keep_last=1, restarted from step 3; step 4's copy of rank 0's part fails on host b. Step 3,
+    the newest step with all its copies, must stay: with host a lost, it is the step left."""
+    args = (tmp_path / "disk", tmp_path / "mem")
+    assert launch("memory_retention.py", 2, *args, "save").wait() == [0, 0]
+    resumed = launch("memory_retention.py", 2, *args, "resume")
+    assert [p.communicate(timeout=120)[0].strip() for p, _ in resumed.procs] == ["restored 3"] * 2
+    assert resumed.wait() == [0, 0]
+    shutil.rmtree(tmp_path / "mem" / "a")  # host a lost its memory
+    restored = launch("memory_retention.py", 2, *args, "restore")
+    assert [p.communicate(timeout=120)[0].strip() for p, _ in restored.procs] == ["restored 3"] * 2
+    assert restored.wait() == [0, 0]
