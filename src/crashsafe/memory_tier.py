@@ -36,9 +36,10 @@ from crashsafe.storage.localdir import LocalDir, UnsafeEntryError
 from crashsafe.storage.reader import read_manifest
 from crashsafe.storage.writer import delete_steps
 
-__all__ = ["PART_KEY", "MemoryParts", "MemoryTier", "memory_tier"]
+__all__ = ["PART_KEY", "TIMELINE_KEY", "MemoryParts", "MemoryTier", "memory_tier"]
 
 SAVES_KEY = "memory.saves"  # info of a memory part: the run's saves so far (every Nth persists)
+TIMELINE_KEY = "memory.timeline"  # info of a memory part: the timeline that saved it (see MemoryParts)
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,10 @@ class MemoryParts:
 
     def __init__(self, tier: MemoryTier, coord: Coordination) -> None:
         self.tier, self.coord = tier, coord
-        hosts = coord.all_gather(tier.host or socket.gethostname(), "naming the hosts of the memory tier")
+        host = tier.host or socket.gethostname()
+        named = coord.all_gather((host, _token()), "naming the hosts of the memory tier")
+        hosts = [host for host, _ in named]
+        self.timeline: str = named[0][1]  # rank 0's: new at each start and each restore
         copies = min(tier.copies, len(set(hosts)))
         if copies < tier.copies and coord.world > 1 and coord.leader:
             warn(
@@ -137,7 +141,10 @@ class MemoryParts:
         """Commit this process's part of ``step`` in its memory store (an older save of that step
         number is replaced), send its copies to the peers, then apply retention."""
         own = self.own
-        part = {**info, PART_KEY: f"{self.coord.rank}/{self.coord.world}", SAVES_KEY: self._saves}
+        part = {
+            **info, PART_KEY: f"{self.coord.rank}/{self.coord.world}", SAVES_KEY: self._saves,
+            TIMELINE_KEY: self.timeline,
+        }  # fmt: skip
         manifest, _ = save_step(
             self._replicas, own, self._planner, step, PLAN_LATER, tree, leaves, arrays, metrics, part,
             lambda again: delete_steps(own, [again]),
@@ -189,6 +196,7 @@ class MemoryParts:
         """The run resumed from the memory step ``step`` (None: a persistent one, itself a persisted
         save): saves are counted on from its count, so that every Nth save of the run persists
         however often it restarts; and retention keeps it until a newer step has all its copies."""
+        self.timeline = self.coord.broadcast(_token(), "starting a timeline of the memory tier")
         saves = 0
         if step is not None:
             self.complete = step
@@ -212,6 +220,12 @@ class MemoryParts:
                 parts.callback(store.close)
             if self.peers is not None:
                 parts.callback(self.peers.close)
+
+
+def _token() -> str:
+    """A new timeline's name. Parts of one step number saved by different timelines (before and after
+    a restore that went back, by a run before a restart) are never taken for one step."""
+    return os.urandom(8).hex()
 
 
 def _part_store(memory: Path, owner: int) -> Store:

@@ -22,7 +22,7 @@ from crashsafe.distributed.collective import Collective, PeerProblem
 from crashsafe.distributed.peers import Transfer, exchange
 from crashsafe.errors import CorruptCheckpointError, CrashsafeError, NoCheckpointError, StorageError
 from crashsafe.loading import skip_damaged
-from crashsafe.memory_tier import PART_KEY, MemoryParts
+from crashsafe.memory_tier import PART_KEY, TIMELINE_KEY, MemoryParts
 from crashsafe.restoring import Changes, restore_into, restore_part
 from crashsafe.storage.base import Store
 from crashsafe.storage.reader import read_manifest
@@ -78,19 +78,29 @@ def restore_tiers(
     return found, recovery
 
 
-def _holdings(memory: MemoryParts) -> dict[int, list[int]]:
-    """The memory steps this rank holds of each part, by owner: committed, with a manifest that
-    names that very part of a job of this size (a store left by another job is not taken)."""
-    found: dict[int, list[int]] = {}
+_Save = tuple[int, str]  # a memory step: its number and the timeline that saved it
+
+
+def _holdings(memory: MemoryParts) -> dict[int, list[tuple[int, str, float]]]:
+    """The memory steps this rank holds of each part, by owner: (step, timeline, created), committed,
+    with a manifest that names that very part of a job of this size (a store left by another job is
+    not taken)."""
+    found: dict[int, list[tuple[int, str, float]]] = {}
     for owner, store in memory.stores.items():
         for step in store.steps():
             try:
-                info = read_manifest(store, step).info
+                manifest = read_manifest(store, step)
             except (CrashsafeError, OSError):
                 continue  # damaged or gone: not a copy
-            if info.get(PART_KEY) == f"{owner}/{memory.coord.world}":
-                found.setdefault(owner, []).append(step)
+            if manifest.info.get(PART_KEY) == f"{owner}/{memory.coord.world}":
+                timeline = _timeline(manifest.info)
+                found.setdefault(owner, []).append((step, timeline, manifest.created))
     return found
+
+
+def _timeline(info: dict[str, Any]) -> str:
+    timeline = info.get(TIMELINE_KEY)
+    return timeline if isinstance(timeline, str) else ""
 
 
 def _from_memory(
@@ -105,18 +115,22 @@ def _from_memory(
     coord = memory.coord
     for _ in range(ATTEMPTS):
         held = coord.all_gather(_holdings(memory), "listing the memory tier")
-        holders: dict[int, dict[int, list[int]]] = {}  # step -> owner -> the ranks holding its copy
+        holders: dict[_Save, dict[int, list[int]]] = {}  # save -> owner -> the ranks holding its copy
+        created: dict[_Save, float] = {}
         for holder, holding in enumerate(held):
             for owner, steps in holding.items():
-                for at in steps:
-                    holders.setdefault(at, {}).setdefault(owner, []).append(holder)
-        complete = sorted((at for at, parts in holders.items() if len(parts) == coord.world), reverse=True)
+                for at, timeline, when in steps:
+                    holders.setdefault((at, timeline), {}).setdefault(owner, []).append(holder)
+                    created[at, timeline] = max(created.get((at, timeline), when), when)
+        complete = [save for save, parts in holders.items() if len(parts) == coord.world]
+        complete.sort(key=lambda save: (save[0], created[save], save[1]), reverse=True)  # the newest first
         retry = False
-        for at in [s for s in complete if asked is None or s == asked]:
-            source = _pull(memory, at, holders[at], skipped)
+        for save in [s for s in complete if asked is None or s[0] == asked]:
+            at = save[0]
+            source = _pull(memory, at, holders[save], skipped)
             if source is None:
                 continue
-            outcome = _restore(memory, at, state, collective, changes, skipped)
+            outcome = _restore(memory, save, state, collective, changes, skipped)
             if outcome is None:
                 recovery = Recovery(at, source, time.perf_counter() - began)
                 logger().info(
@@ -158,18 +172,21 @@ def _pull(memory: MemoryParts, step: int, parts: dict[int, list[int]], skipped: 
 
 
 def _restore(
-    memory: MemoryParts, step: int, state: MutableMapping[str, Any], collective: Collective,
+    memory: MemoryParts, save: _Save, state: MutableMapping[str, Any], collective: Collective,
     changes: Changes, skipped: list[str],
 ) -> str | None:  # fmt: skip
     """Restore every rank's own part of ``step`` together: None once done; "retry" if a rank's own
     copy was damaged (deleted now, so the step is pulled again from a peer that holds one). Another
     error (a live state that does not fit) is raised on every rank, and nothing is deleted."""
-    coord = memory.coord
+    coord, (step, timeline) = memory.coord, save
     kind, message, apply, error = "ok", "", None, None
     try:
-        claims, part = read_manifest(memory.own, step).info.get(PART_KEY), f"{coord.rank}/{coord.world}"
-        if claims != part:  # (replaced since it was listed, or a peer's copy of another part)
-            raise CorruptCheckpointError(f"its step {step} is labelled {PART_KEY}={claims!r}, not {part!r}")
+        info, part = read_manifest(memory.own, step).info, f"{coord.rank}/{coord.world}"
+        if info.get(PART_KEY) != part or _timeline(info) != timeline:  # (replaced since it was listed,
+            raise CorruptCheckpointError(  # or a peer's copy of another part)
+                f"its step {step} is labelled {PART_KEY}={info.get(PART_KEY)!r} of timeline "
+                f"{_timeline(info)!r}, not {part!r} of {timeline!r}"
+            )
         apply = restore_part(memory.own, step, state, collective, changes)
     except PeerProblem:
         kind = "peer"

@@ -57,3 +57,24 @@ def test_the_step_a_restart_resumed_from_is_kept_until_a_newer_one_has_its_copie
     restored = launch("memory_retention.py", 2, *args, "restore")
     assert [p.communicate(timeout=120)[0].strip() for p, _ in restored.procs] == ["restored 3"] * 2
     assert restored.wait() == [0, 0]
+
+
+def test_parts_of_one_step_number_from_two_timelines_are_not_restored_together(
+    tmp_path: Path, launch: Any
+) -> None:
+    """Run 0 saves steps 1-2 (2 persistent), run 1 steps 3-4 (4 too). Run 2, its ranks on other hosts
+    (as an elastic launcher may place them), goes back to step 2 and saves its own step 3: the stores
+    run 2 does not hold keep run 1's 3-4. Run 3, placed as run 1, must restore one run's step 3 on
+    every rank, never rank 1's part of run 1 beside the others' of run 2."""
+    args = (tmp_path / "disk", tmp_path / "mem")
+
+    def restart(hosts: str, run: int, saves: int, *step: int) -> list[str]:
+        ranks = launch("memory_timelines.py", 3, *args, hosts, run, saves, *step)
+        outs = [p.communicate(timeout=120)[0].strip() for p, _ in ranks.procs]
+        assert ranks.wait() == [0, 0, 0], outs
+        return outs
+
+    assert restart("a,b,c", 0, 2) == ["restored 0 0"] * 3  # (nothing saved yet: fresh)
+    assert restart("a,b,c", 1, 2) == ["restored 2 0"] * 3
+    assert restart("a,c,b", 2, 1, 2) == ["restored 2 0"] * 3
+    assert restart("a,b,c", 3, 0) == ["restored 3 2"] * 3
