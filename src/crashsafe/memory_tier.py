@@ -104,12 +104,7 @@ class MemoryParts:
         self._catalogs: dict[int, Catalog] = {}
         self.peers: Coordinator | None = None
         try:
-            for owner in self.held:
-                store = _part_store(Path(tier.path), owner)
-                self.stores[owner] = store
-                self._locks.append(store.lock())
-                store.remove_leftovers(store.leftovers())
-                self._catalogs[owner] = Catalog(store)
+            self._open(Path(tier.path))
             if isinstance(coord, Coordinator) and copies > 1:
                 self.peers = Coordinator(coord.group, coord.timeout)  # copies travel beside the saves
         except BaseException:
@@ -119,6 +114,26 @@ class MemoryParts:
         self._replicas = ReplicaPlanner(SOLO)
         self._saves = 0
         self.complete: int | None = None  # the newest step every part of which has its copies
+
+    def _open(self, memory: Path) -> None:
+        """Open, lock and clean the stores this rank holds; a store one rank refuses (a link, locked
+        by another process) fails every rank alike, before the ranks make a group for the copies."""
+        problem: CrashsafeError | None = None
+        try:
+            for owner in self.held:
+                store = _part_store(memory, owner)
+                self.stores[owner] = store
+                self._locks.append(store.lock())
+                store.remove_leftovers(store.leftovers())
+                self._catalogs[owner] = Catalog(store)
+        except CrashsafeError as exc:
+            problem = exc
+        said = self.coord.all_gather(None if problem is None else str(problem), "opening the memory tier")
+        if problem is not None:
+            raise problem
+        failed = "; ".join(f"rank {r}: {p}" for r, p in enumerate(said) if p is not None)
+        if failed:
+            raise StorageError(f"opening the memory tier failed on another rank ({failed})")
 
     @property
     def own(self) -> Store:

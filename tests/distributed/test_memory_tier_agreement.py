@@ -4,9 +4,12 @@ moments; a live state one rank cannot take fails every rank's restore at once.""
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 from typing import Any
+
+from tests.hostile import make_victim, untouched
 
 from crashsafe.storage.layout import committed_steps
 
@@ -78,3 +81,18 @@ def test_parts_of_one_step_number_from_two_timelines_are_not_restored_together(
     assert restart("a,b,c", 1, 2) == ["restored 2 0"] * 3
     assert restart("a,c,b", 2, 1, 2) == ["restored 2 0"] * 3
     assert restart("a,b,c", 3, 0) == ["restored 3 2"] * 3
+
+
+def test_a_part_store_one_rank_refuses_fails_every_rank_at_once(tmp_path: Path, launch: Any) -> None:
+    """Rank 1's part store is a link (refused: rule 11); rank 0 hears it and fails too, naming it,
+    instead of waiting for rank 1 in the peers' group until the coordination timeout."""
+    victim = make_victim(tmp_path / "victim")
+    (tmp_path / "mem" / "b").mkdir(parents=True)
+    os.symlink(victim, tmp_path / "mem" / "b" / "rank_1")
+    ranks = launch("memory_refused.py", 2, tmp_path / "disk", tmp_path / "mem", 60)
+    outs = [proc.communicate(timeout=120)[0].strip() for proc, _ in ranks.procs]
+    assert ranks.wait() == [0, 0]
+    assert outs[1].startswith("StorageError") and "rank_1" in outs[1], outs
+    assert outs[0].startswith("StorageError") and "rank 1" in outs[0] and "rank_1" in outs[0], outs
+    assert int(outs[0].split()[1]) < 30, outs
+    untouched(victim)
