@@ -249,8 +249,7 @@ class CheckpointManager:
         tree, leaves, arrays = snapshot()
         if self._memory is not None:
             arrays = list(arrays)  # (staged: written twice on a persistent save)
-            kept = self._memory.save(step, tree, leaves, arrays, metrics, info)
-            persistent = self._memory.persists(step, persistent)  # (a rank may have heard SIGTERM first)
+            kept, persistent = self._memory.save(step, tree, leaves, arrays, metrics, info, persistent)
             if not persistent:
                 taken = time.perf_counter() - begin
                 return SaveStats(step, stall, taken, kept.raw_nbytes, kept.stored_nbytes)

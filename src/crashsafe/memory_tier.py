@@ -144,31 +144,43 @@ class MemoryParts:
         self._saves += 1
         return self._saves % self.tier.persist_every == 0
 
-    def persists(self, step: int, wanted: bool) -> bool:
-        """Whether ``step`` also goes to the persistent tier: if any rank wants it (every ``persist_every``th
-        save, or a SIGTERM heard), so that every rank joins that save: ranks hear SIGTERM apart."""
-        return any(self.coord.all_gather(wanted, f"deciding whether step {step} is persisted"))
-
     def save(
         self, step: int, tree: dict[str, Any], leaves: list[ArrayLeaf], arrays: list[Staged],
-        metrics: dict[str, Any], info: dict[str, Any],
-    ) -> Manifest:  # fmt: skip
+        metrics: dict[str, Any], info: dict[str, Any], persist: bool,
+    ) -> tuple[Manifest, bool]:  # fmt: skip
         """Commit this process's part of ``step`` in its memory store (an older save of that step
-        number is replaced), send its copies to the peers, then apply retention."""
+        number is replaced), send its copies to the peers, then apply retention. The ranks hear
+        each other first: a part one rank could not commit fails every rank's save, and the step
+        goes to the persistent tier too if any rank's ``persist`` says so (every ``persist_every``th
+        save, or a SIGTERM heard: ranks hear it apart); the manifest, and whether it does."""
         own = self.own
         part = {
             **info, PART_KEY: f"{self.coord.rank}/{self.coord.world}", SAVES_KEY: self._saves,
             TIMELINE_KEY: self.timeline,
         }  # fmt: skip
-        manifest, _ = save_step(
-            self._replicas, own, self._planner, step, PLAN_LATER, tree, leaves, arrays, metrics, part,
-            lambda again: delete_steps(own, [again]),
-        )  # fmt: skip
+        problem: Exception | None = None
+        try:
+            manifest, _ = save_step(
+                self._replicas, own, self._planner, step, PLAN_LATER, tree, leaves, arrays, metrics, part,
+                lambda again: delete_steps(own, [again]),
+            )  # fmt: skip
+        except Exception as exc:  # (every rank must hear of it, or the others wait for its copies)
+            problem = exc
+        told = (None if problem is None else str(problem), persist)
+        said = self.coord.all_gather(told, f"saving step {step} in the memory tier")
+        if problem is not None:
+            raise problem
+        failed = "; ".join(f"rank {r}: {p}" for r, (p, _) in enumerate(said) if p is not None)
+        if failed:
+            raise StorageError(
+                f"step {step} could not be saved in the memory tier by a rank ({failed}). The steps "
+                "committed are intact: fix that rank's memory directory and restart the job"
+            )
         self._catalogs[self.coord.rank].forget([step])
         self._catalogs[self.coord.rank].committed(manifest)
         self.replicate(step)
         self.retain()
-        return manifest
+        return manifest, any(wanted for _, wanted in said)
 
     def replicate(self, step: int) -> None:
         """Copy every rank's part of ``step`` to its peers (every rank calls it); ``complete`` is

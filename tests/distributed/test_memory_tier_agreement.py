@@ -96,3 +96,13 @@ def test_a_part_store_one_rank_refuses_fails_every_rank_at_once(tmp_path: Path, 
     assert outs[0].startswith("StorageError") and "rank 1" in outs[0] and "rank_1" in outs[0], outs
     assert int(outs[0].split()[1]) < 30, outs
     untouched(victim)
+
+
+def test_a_memory_save_one_rank_fails_fails_every_rank_at_once(tmp_path: Path, launch: Any) -> None:
+    """Rank 1 cannot commit its part (its RAM disk full): rank 0 hears why at once, instead of
+    waiting for rank 1's copies until the coordination timeout and blaming a dead rank."""
+    ranks = launch("memory_save_fails.py", 2, tmp_path / "disk", tmp_path / "mem", 60)
+    outs = [proc.communicate(timeout=180)[0].strip() for proc, _ in ranks.procs]
+    assert ranks.wait() == [0, 0]
+    assert all(out.startswith("StorageError") and "No space left" in out for out in outs), outs
+    assert "rank 1" in outs[0] and int(outs[0].split()[1]) < 30, outs
