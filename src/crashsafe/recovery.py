@@ -178,15 +178,10 @@ def _restore(
     """Restore every rank's own part of ``step`` together: None once done; "retry" if a rank's own
     copy was damaged (deleted now, so the step is pulled again from a peer that holds one). Another
     error (a live state that does not fit) is raised on every rank, and nothing is deleted."""
-    coord, (step, timeline) = memory.coord, save
+    coord, step = memory.coord, save[0]
     kind, message, apply, error = "ok", "", None, None
     try:
-        info, part = read_manifest(memory.own, step).info, f"{coord.rank}/{coord.world}"
-        if info.get(PART_KEY) != part or _timeline(info) != timeline:  # (replaced since it was listed,
-            raise CorruptCheckpointError(  # or a peer's copy of another part)
-                f"its step {step} is labelled {PART_KEY}={info.get(PART_KEY)!r} of timeline "
-                f"{_timeline(info)!r}, not {part!r} of {timeline!r}"
-            )
+        _check_label(memory, save, collective)
         apply = restore_part(memory.own, step, state, collective, changes)
     except PeerProblem:
         kind = "peer"
@@ -211,3 +206,23 @@ def _restore(
     if kind == "damaged":
         delete_steps(memory.own, [step])  # a peer's copy is pulled in its place, if one is intact
     return "retry"
+
+
+def _check_label(memory: MemoryParts, save: _Save, collective: Collective) -> None:
+    """Raise CorruptCheckpointError unless this rank's own copy of ``save`` is labelled its own part
+    of that timeline (it may have been replaced or damaged since the listing, or be a peer's copy of
+    another part), having told the other ranks as :func:`restore_part` would before writing."""
+    (step, timeline), part = save, f"{memory.coord.rank}/{memory.coord.world}"
+    try:
+        info = read_manifest(memory.own, step).info
+    except (CrashsafeError, OSError) as exc:
+        problem = str(exc)
+    else:
+        if info.get(PART_KEY) == part and _timeline(info) == timeline:
+            return
+        problem = (
+            f"its step {step} is labelled {PART_KEY}={info.get(PART_KEY)!r} of timeline "
+            f"{_timeline(info)!r}, not {part!r} of {timeline!r}"
+        )
+    collective.before_writing(problem, step)  # (the others leave their restore_part in step)
+    raise CorruptCheckpointError(problem)

@@ -106,3 +106,15 @@ def test_a_memory_save_one_rank_fails_fails_every_rank_at_once(tmp_path: Path, l
     assert ranks.wait() == [0, 0]
     assert all(out.startswith("StorageError") and "No space left" in out for out in outs), outs
     assert "rank 1" in outs[0] and int(outs[0].split()[1]) < 30, outs
+
+
+def test_an_own_copy_damaged_after_the_listing_is_pulled_again(tmp_path: Path, launch: Any) -> None:
+    """Rank 0's own copy of step 3 is damaged between the listing and the restore (its manifest):
+    rank 0 leaves the restore in step with the others, its copy is pulled again from rank 1, and
+    every rank restores its own part of step 3."""
+    args = (tmp_path / "disk", tmp_path / "mem")
+    assert launch("memory_swapped.py", 2, *args, "save").wait() == [0, 0]
+    ranks = launch("memory_swapped.py", 2, *args, "restore")
+    outs = [proc.communicate(timeout=120)[0].strip() for proc, _ in ranks.procs]
+    assert ranks.wait() == [0, 0], outs
+    assert outs == ["restored 3 30.0", "restored 3 31.0"], outs
