@@ -57,8 +57,8 @@ def restore_tiers(
     if memory is not None:
         recovered = _from_memory(memory, state, step, collective, began, changes, skipped)
         if recovered is not None:
+            memory.resumed_from(recovered.step)  # (a collective: before anything one rank may fail at)
             memory.drop_after(recovered.step)
-            memory.resumed_from(recovered.step)
             return recovered.step, recovered
     found = restore_into(stores, state, step, collective, changes)
     if memory is None:
@@ -69,8 +69,8 @@ def restore_tiers(
             f"{stores[0].location} holds no step. Run `crashsafe verify` on the memory directory for "
             "details; delete it to start afresh"
         )
-    memory.drop_after(found)
     memory.resumed_from(None)
+    memory.drop_after(found)
     if found is None:
         return None, None
     recovery = Recovery(found, "persistent", time.perf_counter() - began)
