@@ -25,6 +25,7 @@ from crashsafe.encoding import CodecSpec, SavePlanner
 from crashsafe.errors import (
     CorruptCheckpointWarning,
     CrashsafeError,
+    InvalidArgumentError,
     NoCheckpointError,
     UnsupportedStateError,
 )
@@ -125,6 +126,12 @@ class CheckpointManager:
         self.read_only = read_only
         self.policy: SavePolicy = policy if policy is not None else EverySteps(1)
         tier = memory_tier(memory)
+        if tier is not None and read_only:
+            raise InvalidArgumentError(
+                f"memory= with read_only=True: a read-only manager reads {self.directory} only, an older "
+                "step than the memory tier holds. Drop memory= to read the persistent tier, or open "
+                "without read_only to restore from the memory tier"
+            )
         self._planner = SavePlanner(codec, lossless, unchanged=unchanged and tier is None)
         self._listed: set[int] | None = None  # the steps the last background save listed, and it
         self._pool = StagingPool(pinned_bytes) if async_save else None
@@ -242,7 +249,7 @@ class CheckpointManager:
         tree, leaves, arrays = snapshot()
         if self._memory is not None:
             arrays = list(arrays)  # (staged: written twice on a persistent save)
-            kept = self._memory.save(step, tree, leaves, arrays, metrics, info)
+            kept, persistent = self._memory.save(step, tree, leaves, arrays, metrics, info, persistent)
             if not persistent:
                 taken = time.perf_counter() - begin
                 return SaveStats(step, stall, taken, kept.raw_nbytes, kept.stored_nbytes)

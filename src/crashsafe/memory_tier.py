@@ -34,9 +34,13 @@ from crashsafe.state.unchanged import Unchanged
 from crashsafe.storage.base import Lock, Store
 from crashsafe.storage.local import LocalStore
 from crashsafe.storage.localdir import LocalDir, UnsafeEntryError
+from crashsafe.storage.reader import read_manifest
 from crashsafe.storage.writer import delete_steps
 
-__all__ = ["PART_KEY", "MemoryParts", "MemoryTier", "memory_tier"]
+__all__ = ["PART_KEY", "TIMELINE_KEY", "MemoryParts", "MemoryTier", "memory_tier"]
+
+SAVES_KEY = "memory.saves"  # info of a memory part: the run's saves so far (every Nth persists)
+TIMELINE_KEY = "memory.timeline"  # info of a memory part: the timeline that saved it (see MemoryParts)
 
 
 @dataclass(frozen=True)
@@ -81,7 +85,10 @@ class MemoryParts:
 
     def __init__(self, tier: MemoryTier, coord: Coordination) -> None:
         self.tier, self.coord = tier, coord
-        hosts = coord.all_gather(tier.host or socket.gethostname(), "naming the hosts of the memory tier")
+        host = tier.host or socket.gethostname()
+        named = coord.all_gather((host, _token()), "naming the hosts of the memory tier")
+        hosts = [host for host, _ in named]
+        self.timeline: str = named[0][1]  # rank 0's: new at each start and each restore
         copies = min(tier.copies, len(set(hosts)))
         if copies < tier.copies and coord.world > 1 and coord.leader:
             warn(
@@ -98,12 +105,7 @@ class MemoryParts:
         self._catalogs: dict[int, Catalog] = {}
         self.peers: Coordinator | None = None
         try:
-            for owner in self.held:
-                store = _part_store(Path(tier.path), owner)
-                self.stores[owner] = store
-                self._locks.append(store.lock())
-                store.remove_leftovers(store.leftovers())
-                self._catalogs[owner] = Catalog(store)
+            self._open(Path(tier.path))
             if isinstance(coord, Coordinator) and copies > 1:
                 self.peers = Coordinator(coord.group, coord.timeout)  # copies travel beside the saves
         except BaseException:
@@ -113,6 +115,26 @@ class MemoryParts:
         self._replicas = ReplicaPlanner(SOLO)
         self._saves = 0
         self.complete: int | None = None  # the newest step every part of which has its copies
+
+    def _open(self, memory: Path) -> None:
+        """Open, lock and clean the stores this rank holds; a store one rank refuses (a link, locked
+        by another process) fails every rank alike, before the ranks make a group for the copies."""
+        problem: CrashsafeError | None = None
+        try:
+            for owner in self.held:
+                store = _part_store(memory, owner)
+                self.stores[owner] = store
+                self._locks.append(store.lock())
+                store.remove_leftovers(store.leftovers())
+                self._catalogs[owner] = Catalog(store)
+        except CrashsafeError as exc:
+            problem = exc
+        said = self.coord.all_gather(None if problem is None else str(problem), "opening the memory tier")
+        if problem is not None:
+            raise problem
+        failed = "; ".join(f"rank {r}: {p}" for r, p in enumerate(said) if p is not None)
+        if failed:
+            raise StorageError(f"opening the memory tier failed on another rank ({failed})")
 
     @property
     def own(self) -> Store:
@@ -125,21 +147,41 @@ class MemoryParts:
 
     def save(
         self, step: int, tree: dict[str, Any], leaves: list[ArrayLeaf], arrays: list[Staged],
-        metrics: dict[str, Any], info: dict[str, Any],
-    ) -> Manifest:  # fmt: skip
+        metrics: dict[str, Any], info: dict[str, Any], persist: bool,
+    ) -> tuple[Manifest, bool]:  # fmt: skip
         """Commit this process's part of ``step`` in its memory store (an older save of that step
-        number is replaced), send its copies to the peers, then apply retention."""
+        number is replaced), send its copies to the peers, then apply retention. The ranks hear
+        each other first: a part one rank could not commit fails every rank's save, and the step
+        goes to the persistent tier too if any rank's ``persist`` says so (every ``persist_every``th
+        save, or a SIGTERM heard: ranks hear it apart); the manifest, and whether it does."""
         own = self.own
-        part = {**info, PART_KEY: f"{self.coord.rank}/{self.coord.world}"}
-        manifest, _ = save_step(
-            self._replicas, own, self._planner, step, PLAN_LATER, tree, leaves, arrays, metrics, part,
-            lambda again: delete_steps(own, [again]),
-        )  # fmt: skip
+        part = {
+            **info, PART_KEY: f"{self.coord.rank}/{self.coord.world}", SAVES_KEY: self._saves,
+            TIMELINE_KEY: self.timeline,
+        }  # fmt: skip
+        problem: Exception | None = None
+        try:
+            manifest, _ = save_step(
+                self._replicas, own, self._planner, step, PLAN_LATER, tree, leaves, arrays, metrics, part,
+                lambda again: delete_steps(own, [again]),
+            )  # fmt: skip
+        except Exception as exc:  # (every rank must hear of it, or the others wait for its copies)
+            problem = exc
+        told = (None if problem is None else str(problem), persist)
+        said = self.coord.all_gather(told, f"saving step {step} in the memory tier")
+        if problem is not None:
+            raise problem
+        failed = "; ".join(f"rank {r}: {p}" for r, (p, _) in enumerate(said) if p is not None)
+        if failed:
+            raise StorageError(
+                f"step {step} could not be saved in the memory tier by a rank ({failed}). The steps "
+                "committed are intact: fix that rank's memory directory and restart the job"
+            )
         self._catalogs[self.coord.rank].forget([step])
         self._catalogs[self.coord.rank].committed(manifest)
         self.replicate(step, manifest, arrays)
         self.retain()
-        return manifest
+        return manifest, any(wanted for _, wanted in said)
 
     def replicate(self, step: int, manifest: Manifest, arrays: list[Staged]) -> None:
         """Copy every rank's part of ``step`` to its peers (every rank calls it): this rank's from the
@@ -180,6 +222,18 @@ class MemoryParts:
             except CrashsafeError as exc:  # garbage, not a failed save: tried again at the next one
                 logger().warning("memory tier retention in %s failed: %s", catalog.store.location, exc)
 
+    def resumed_from(self, step: int | None) -> None:
+        """The run resumed from the memory step ``step`` (None: a persistent one, itself a persisted
+        save): saves are counted on from its count, so that every Nth save of the run persists
+        however often it restarts; and retention keeps it until a newer step has all its copies."""
+        self.timeline = self.coord.broadcast(_token(), "starting a timeline of the memory tier")
+        saves = 0
+        if step is not None:
+            self.complete = step
+            with contextlib.suppress(CrashsafeError, OSError):  # (read a moment ago: else from 0)
+                saves = read_manifest(self.own, step).info.get(SAVES_KEY, 0)
+        self._saves = saves if isinstance(saves, int) and not isinstance(saves, bool) and saves >= 0 else 0
+
     def drop_after(self, step: int | None) -> None:
         """Delete every memory step newer than ``step``, the one restored (None: every step): a run
         that resumed from ``step`` saves those numbers anew, and an older save of one of them must
@@ -196,6 +250,12 @@ class MemoryParts:
                 parts.callback(store.close)
             if self.peers is not None:
                 parts.callback(self.peers.close)
+
+
+def _token() -> str:
+    """A new timeline's name. Parts of one step number saved by different timelines (before and after
+    a restore that went back, by a run before a restart) are never taken for one step."""
+    return os.urandom(8).hex()
 
 
 def _part_store(memory: Path, owner: int) -> Store:

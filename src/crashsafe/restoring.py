@@ -53,7 +53,7 @@ from crashsafe.state.inplace import Destination, live_destinations
 from crashsafe.state.rebuild import apply_into, check_into
 from crashsafe.storage.base import Store
 
-__all__ = ["restore_into", "restore_part"]
+__all__ = ["Changes", "restore_into", "restore_part"]
 
 # payloads read or decoded at once: on an H100 machine (16 cores) 8 lanes restored a cached 1.6 GB
 # CUDA state in 0.66x the time of 4 (bench/results/gpu.md); here (2 cores) it is 2 either way
@@ -64,7 +64,7 @@ LANES_FROM = 32 << 20  # raw bytes from which a cached step is copied by a threa
 _Work = Callable[[PayloadEntry, Destination], object]  # one payload: read into place, or check
 
 
-class _Changes:
+class Changes:
     """Whether an attempt already wrote into the live state, and which one left it half written."""
 
     def __init__(self) -> None:
@@ -77,12 +77,14 @@ def restore_into(
     state: MutableMapping[str, Any],
     step: int | None,
     collective: Collective,
+    changes: Changes | None = None,
 ) -> int | None:
     """Restore ``step`` (None: the newest intact one, falling back past damaged ones) into the live
     ``state`` in place; return its step, or None if there is no step at all. The ranks of a
     distributed manager each restore their part, a live DTensor the saved shards that meet its box,
-    and fall back together: the live objects take their values once every rank read intact."""
-    changes = _Changes()
+    and fall back together: the live objects take their values once every rank read intact.
+    ``changes``: what an attempt before this one (the memory tier's) wrote into the live state."""
+    changes = changes or Changes()
     targets, rank = collective.targets(state), collective.reader_rank
 
     def attempt(store: Store, candidate: int, last: bool) -> dict[str, Any]:
@@ -103,28 +105,27 @@ def restore_into(
             exc.args = (f"{exc} {_half_written(changes)}",)
         raise
     if found is None:
-        if changes.made:  # every step went while it was read, one after writing: not "no step"
-            raise NoCheckpointError(
-                f"every step of {stores[0].location} was deleted while it was read. {_half_written(changes)}"
-            )
+        if changes.made:  # every step went while it was read, or damaged, after writing: not "no step"
+            gone = "was deleted while it was read" if changes.by.endswith("read") else "is left to restore"
+            raise NoCheckpointError(f"no step of {stores[0].location} {gone}. {_half_written(changes)}")
         return None
     apply_into(state, found[1])
     return found[0]
 
 
 def restore_part(
-    store: Store, step: int, state: MutableMapping[str, Any], collective: Collective
+    store: Store, step: int, state: MutableMapping[str, Any], collective: Collective, changes: Changes
 ) -> Callable[[], None]:
     """Phases 1 and 2 for this process's own single-process ``step`` of ``store`` (a memory-tier
     part), with no verifying pass first: a damaged payload raises once live memory may be changed,
     and the caller falls back to another step, restored completely. Returns phase 3, to run once
-    every rank read its part intact."""
+    every rank read its part intact. ``changes`` notes whether it wrote into the live state."""
     agree = functools.partial(collective.before_writing, step=step)
-    saved = restore_step(store, step, state, False, _Changes(), None, collective.targets(state), agree)
+    saved = restore_step(store, step, state, False, changes, None, collective.targets(state), agree)
     return functools.partial(apply_into, state, saved)
 
 
-def _half_written(changes: _Changes) -> str:
+def _half_written(changes: Changes) -> str:
     """What the error of a restore that changed the live state and then failed adds to it."""
     told = f"The live state was partly overwritten by {changes.by}, and no"
     if changes.by.endswith("deleted while it was read"):
@@ -140,7 +141,7 @@ def restore_step(
     step: int,
     state: MutableMapping[str, Any],
     verify_first: bool,
-    changes: _Changes,
+    changes: Changes,
     rank: int | None = None,
     targets: Targets | None = None,
     agree: Callable[[str | None], None] | None = None,

@@ -14,6 +14,7 @@ from tests.hostile import make_victim, untouched, within
 
 import crashsafe as cs
 import crashsafe.manager
+import crashsafe.memory_tier
 from crashsafe.memory_tier import MemoryParts, MemoryTier
 
 from .conftest import check_json, first_column, invoke_here
@@ -38,12 +39,15 @@ def _save(disk: Path, tier: MemoryTier, steps: range) -> None:
             mgr.save(step, {"w": np.full(64, step, np.float32), "step": step}, {"loss": 1.0 / step})
 
 
-def _save_as(rank: int, world: int, tmp: Path, steps: range, monkeypatch: pytest.MonkeyPatch) -> None:
+def _save_as(
+    rank: int, world: int, tmp: Path, steps: range, monkeypatch: pytest.MonkeyPatch, timeline: str = "job"
+) -> None:
     """Save ``steps`` into the memory directory ``tmp/mem`` as rank ``rank`` of ``world``: a real
-    manager whose memory tier is told it is that rank (``memory.part`` "rank/world")."""
+    manager whose memory tier is told it is that rank (``memory.part`` "rank/world") of ``timeline``."""
     monkeypatch.setattr(
         crashsafe.manager, "MemoryParts", lambda tier, _: MemoryParts(tier, _Pretend(rank, world))
     )
+    monkeypatch.setattr(crashsafe.memory_tier, "_token", lambda: timeline)
     _save(
         tmp / f"disk{rank}-{world}", MemoryTier(tmp / "mem", persist_every=100, copies=1, keep_last=3), steps
     )
@@ -177,3 +181,18 @@ def test_other_folders_and_one_part_store_read_as_before(two_parts: Path, tmp_pa
     )
     refused = invoke_here("ls", str(two_parts), "--metric", "loss")
     assert refused.code == 2 and "--metric apply to a store" in refused.err
+
+
+def test_parts_of_two_timelines_are_not_listed_as_one_complete_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 1's part of step 3 saved by another timeline (a run that went back and saved step 3
+    again): not one step, as the memory tier's recovery judges it."""
+    for rank in (0, 1):
+        _save_as(rank, 2, tmp_path, range(1, 4 - rank), monkeypatch)
+    _save_as(1, 2, tmp_path, range(3, 4), monkeypatch, timeline="later")
+    doc = check_json(invoke_here("ls", str(tmp_path / "mem"), "--json").out, "ls")
+    assert [(s["step"], s["complete"], s["ok"]) for s in doc["steps"]] == [
+        (1, True, True), (2, True, True), (3, False, False)
+    ]  # fmt: skip
+    assert "different timelines" in doc["steps"][2]["problems"][0]

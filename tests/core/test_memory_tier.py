@@ -17,7 +17,13 @@ from tests.hostile import make_victim, untouched
 
 import crashsafe as cs
 from crashsafe._faults import COMMIT_POINTS
-from crashsafe.errors import CorruptCheckpointWarning, InvalidArgumentError, StorageError
+from crashsafe.errors import (
+    CorruptCheckpointError,
+    CorruptCheckpointWarning,
+    InvalidArgumentError,
+    NoCheckpointError,
+    StorageError,
+)
 from crashsafe.state.rng import RNGState
 from crashsafe.storage.layout import committed_steps
 
@@ -147,3 +153,61 @@ def test_a_memory_directory_that_is_a_symlink_is_refused_and_left_alone(tmp_path
 def test_memory_tier_settings_are_checked(tmp_path: Path, bad: dict[str, Any]) -> None:
     with pytest.raises(InvalidArgumentError, match="whole number"):
         cs.MemoryTier(tmp_path, **bad)
+
+
+def test_a_memory_step_damaged_once_it_wrote_into_the_live_state_is_no_fresh_start(tmp_path: Path) -> None:
+    """A memory step is read straight into the live state: if it turns out damaged and no other step
+    is left, restore must not return None ("nothing saved: start afresh") over a half-written state."""
+    tier = cs.MemoryTier(tmp_path / "mem", persist_every=100, keep_last=1)
+    with cs.CheckpointManager(tmp_path / "disk", memory=tier) as mgr:
+        mgr.save(1, {"a": np.zeros(1000), "b": np.zeros(1000)})
+    data = tmp_path / "mem" / "rank_0" / "step_000000000001" / "data.bin"
+    raw = bytearray(data.read_bytes())
+    raw[12000] ^= 0x01  # in b, the payload read last: a is in the live state by then
+    data.write_bytes(bytes(raw))
+    live = {"a": np.ones(1000), "b": np.ones(1000)}
+    mgr = cs.CheckpointManager(tmp_path / "disk", memory=tier)
+    with mgr, pytest.warns(CorruptCheckpointWarning), pytest.raises(NoCheckpointError, match="partly over"):
+        mgr.restore(live)
+
+
+def test_a_memory_tier_all_damaged_and_no_persistent_step_is_no_fresh_start(tmp_path: Path) -> None:
+    """Every memory step damaged (found before anything live changed: the RNG state's payload) and
+    no persistent step: an error, as for a persistent tier all damaged, not "no step: start afresh"."""
+    tier = cs.MemoryTier(tmp_path / "mem", persist_every=100, keep_last=2)
+    with cs.CheckpointManager(tmp_path / "disk", memory=tier) as mgr:
+        for step in (1, 2):
+            mgr.save(step, {"rng": RNGState(), "x": np.full(10, float(step))})
+    for step in (1, 2):
+        data = tmp_path / "mem" / "rank_0" / f"step_{step:012d}" / "data.bin"
+        raw = bytearray(data.read_bytes())
+        raw[3000] ^= 0x01  # in the NumPy generator's state
+        data.write_bytes(bytes(raw))
+    live = {"rng": RNGState(), "x": np.ones(10)}
+    mgr = cs.CheckpointManager(tmp_path / "disk", memory=tier)
+    with mgr, pytest.warns(CorruptCheckpointWarning), pytest.raises(CorruptCheckpointError, match="memory"):
+        mgr.restore(live)
+    assert np.array_equal(live["x"], np.ones(10))
+
+
+def test_a_read_only_manager_refuses_a_memory_tier_it_would_not_read(tmp_path: Path) -> None:
+    """read_only=True reads the persistent tier only: with memory= it would restore an older step
+    than the memory tier holds, silently. Refused, saying what to do instead."""
+    tier = cs.MemoryTier(tmp_path / "mem", persist_every=2)
+    _run(tmp_path / "disk", tier, range(1, 4), _job())
+    with pytest.raises(InvalidArgumentError, match="read_only"):
+        cs.CheckpointManager(tmp_path / "disk", memory=tier, read_only=True)
+    assert committed_steps(tmp_path / "mem" / "rank_0") == [2, 3]
+
+
+def test_saves_count_toward_the_persistent_tier_across_restarts(tmp_path: Path) -> None:
+    """Every Nth save of the run persists, not of each manager: a job restarting more often than
+    every N saves would else never reach the persistent tier (and lose it all with its hosts)."""
+    tier = cs.MemoryTier(tmp_path / "mem", persist_every=3)
+    for start in (1, 3, 5, 7):  # restarted every 2 saves
+        with cs.CheckpointManager(tmp_path / "disk", memory=tier) as mgr:
+            state = {"x": np.zeros(10), "step": 0}
+            assert mgr.restore(state) == (None if start == 1 else start - 1)
+            for step in (start, start + 1):
+                mgr.save(step, {"x": np.full(10, float(step)), "step": step})
+    assert committed_steps(tmp_path / "disk") == [3, 6]

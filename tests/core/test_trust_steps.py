@@ -24,7 +24,7 @@ import xxhash
 
 import crashsafe as cs
 from crashsafe.format.chunks import MIN_CHUNK_BYTES
-from crashsafe.format.manifest import MANIFEST_NAME, Manifest, PayloadEntry, dumps
+from crashsafe.format.manifest import MANIFEST_NAME, PART_KEY, Manifest, PayloadEntry, dumps
 from crashsafe.storage.layout import committed_steps, step_dir
 from crashsafe.storage.local import LocalStore
 from crashsafe.storage.writer import StepWriter
@@ -329,6 +329,22 @@ def test_verify_refuses_shards_that_load_refuses(tmp_path: Path, chunked: bool, 
         payloads[:2] = [dataclasses.replace(p, shard=((2 * ROWS + 1, 8), p.shard[1])) for p in payloads[:2]]
         payloads[1] = dataclasses.replace(payloads[1], shard=((2 * ROWS + 1, 8), (ROWS + 1, 0)))
     forged = dataclasses.replace(manifest, payloads=tuple(payloads))
+    (step_dir(tmp_path, 1) / MANIFEST_NAME).write_bytes(dumps(forged))  # signed anew
+    with pytest.raises(cs.CorruptCheckpointError, match="do not tile"):
+        cs.CheckpointManager(tmp_path, read_only=True).load(1)
+    report = cs.verify(tmp_path)
+    assert report.intact == [] and "do not tile its global shape" in (report.damaged[0].problem or "")
+
+
+def test_a_distributed_step_labelled_a_memory_part_still_has_its_shards_tiled(tmp_path: Path) -> None:
+    """A memory part's shards cover only its rank's boxes (Manifest.partial), but a step of many
+    ranks is never one part: labelled one (memory.part), a gap in its shards is still found."""
+    manifest = _two_ranks(tmp_path, False, same=True)
+    payloads = [dataclasses.replace(p, shard=((2 * ROWS + 1, 8), p.shard[1])) for p in manifest.payloads[:2]]
+    payloads[1] = dataclasses.replace(payloads[1], shard=((2 * ROWS + 1, 8), (ROWS + 1, 0)))
+    forged = dataclasses.replace(
+        manifest, payloads=(*payloads, *manifest.payloads[2:]), info={PART_KEY: "0/2"}
+    )
     (step_dir(tmp_path, 1) / MANIFEST_NAME).write_bytes(dumps(forged))  # signed anew
     with pytest.raises(cs.CorruptCheckpointError, match="do not tile"):
         cs.CheckpointManager(tmp_path, read_only=True).load(1)

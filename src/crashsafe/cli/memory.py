@@ -32,7 +32,7 @@ from crashsafe.cli._common import (
 )
 from crashsafe.cli._tables import Cell, Column, print_table
 from crashsafe.errors import CrashsafeError
-from crashsafe.memory_tier import PART_KEY
+from crashsafe.memory_tier import PART_KEY, TIMELINE_KEY
 from crashsafe.storage.local import LocalStore
 from crashsafe.storage.localdir import LocalDir
 from crashsafe.verification import StepReport, verify_store
@@ -97,9 +97,14 @@ class MemoryStep:
         return self.worlds[0] if len(self.worlds) == 1 else None
 
     @property
+    def timelines(self) -> list[str]:
+        """The timelines (memory.timeline) that saved the parts held here in place: one, for one save."""
+        return sorted({str(c.report.info.get(TIMELINE_KEY)) for c in self.copies if c.world is not None})
+
+    @property
     def complete(self) -> bool:
-        """Whether this directory alone holds every part of the step."""
-        return self.world is not None and self.parts == list(range(self.world))
+        """Whether this directory alone holds every part of the step, all of one save."""
+        return self.world is not None and self.parts == list(range(self.world)) and len(self.timelines) == 1
 
     @property
     def problems(self) -> list[str]:
@@ -111,6 +116,11 @@ class MemoryStep:
         if len(self.worlds) > 1:
             claims = ", ".join(f"{c.store} {c.claims}" for c in self.copies if c.world is not None)
             found.append(f"its parts are of jobs of different sizes ({claims}): not one step")
+        elif len(self.timelines) > 1:
+            found.append(
+                "its parts were saved by different timelines (a run that went back saved this step again): "
+                "the memory tier's recovery takes only the parts of one save together"
+            )
         return found
 
     def parts_text(self) -> str:

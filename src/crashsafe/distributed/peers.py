@@ -34,7 +34,7 @@ from crashsafe.errors import (
     InvalidArgumentError,
     NoCheckpointError,
 )
-from crashsafe.format.manifest import MAX_MANIFEST_BYTES, Manifest, dumps, loads
+from crashsafe.format.manifest import MAX_MANIFEST_BYTES, PART_KEY, Manifest, dumps, loads
 from crashsafe.storage.base import Store
 from crashsafe.storage.reader import StepReader, check_bytes, read_manifest
 
@@ -424,7 +424,7 @@ def _receive(
             return _not_sent(link, t, body.decode("utf-8", "replace"))
         reason, payload = None, None
         try:
-            manifest = _accepted(t, body, total)
+            manifest = _accepted(t, body, total, link.world)
             store = store_of(t.owner)
             if not _holds(store, manifest):  # (the very save, intact: kept; its bytes are dropped)
                 payload = torch.empty(total, dtype=torch.uint8)
@@ -440,13 +440,16 @@ def _receive(
     return None if reason is None else _not_kept(link, t, reason)
 
 
-def _accepted(t: Transfer, body: bytes, total: int) -> Manifest:
+def _accepted(t: Transfer, body: bytes, total: int, world: int) -> Manifest:
     """The manifest a source sent, validated as a reader validates one, for the step ``t`` names,
-    owning all its bytes, ``total`` of them."""
+    owning all its bytes, ``total`` of them, and not labelled another part (``memory.part``)."""
     where = f"rank {t.source}'s manifest of step {t.step} of rank {t.owner}'s part"
     manifest = loads(body, where)
     if manifest.step != t.step:
         raise CorruptCheckpointError(f"{where} is a manifest of step {manifest.step}")
+    part = manifest.info.get(PART_KEY, f"{t.owner}/{world}")
+    if part != f"{t.owner}/{world}":
+        raise CorruptCheckpointError(f"{where} is labelled {PART_KEY}={part!r}, another part")
     _owns_all(manifest, where)
     if sum(entry.nbytes for entry in manifest.payloads) != total:
         raise CorruptCheckpointError(f"{where} carries {total} payload bytes, and its manifest lists others")

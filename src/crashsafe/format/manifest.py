@@ -155,8 +155,9 @@ class Manifest:
     @property
     def partial(self) -> bool:
         """Whether the step is one rank's part of a step (a memory tier's): its shards cover only
-        that rank's boxes of their global tensors, not the whole."""
-        return PART_KEY in self.info
+        that rank's boxes of their global tensors, not the whole. A part is one process's step: a
+        step of many ranks labelled one is not (its shards must tile, as any such step's)."""
+        return PART_KEY in self.info and not self.rank_trees
 
     @property
     def saved_as(self) -> str | None:
