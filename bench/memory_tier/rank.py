@@ -43,11 +43,10 @@ PHASES: dict[tuple[str, str, str], str] = {
     ("crashsafe.memory_tier", "MemoryParts", "save"): "memory step, in the background (all of it)",
     ("crashsafe.memory_tier", "", "save_step"): "  own part: write + checksum + commit in /dev/shm",
     ("crashsafe.memory_tier", "MemoryParts", "replicate"): "  copies to and from the peers (gloo)",
-    ("crashsafe.distributed.peers", "_Sending", "_read"): "    read + checksum the own part, to send",
+    ("crashsafe.distributed.peers", "", "_in_memory"): "    the own part's messages, from its staged bytes",
     ("crashsafe.distributed.peers", "", "_take"): "    receive the peer's part (gloo; waits for the peer)",
     ("crashsafe.distributed.peers", "", "check_bytes"): "    checksum the bytes received",
     ("crashsafe.distributed.peers", "", "write_copy"): "    write + commit the copy in /dev/shm",
-    ("crashsafe.distributed.peers", "", "check_copy"): "    read the copy back + checksum",
     (
         "crashsafe.distributed.group",
         "Coordinator",
