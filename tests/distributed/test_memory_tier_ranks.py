@@ -36,7 +36,8 @@ def _same(a: Path, b: Path) -> None:
             assert np.array_equal(left[name], right[name]), name
 
 
-@pytest.mark.parametrize(("kind", "hosts"), [("ddp", ["a", "b"]), ("fsdp", ["a", "a", "b", "b"])])
+# (FSDP2 on 2 hosts of 2 ranks, killed and wiped: tests/distributed/test_memory_field.py)
+@pytest.mark.parametrize(("kind", "hosts"), [("ddp", ["a", "b"])])
 def test_a_restart_resumes_from_memory_and_a_wiped_host_from_peers(
     tmp_path: Path, launch: Any, kind: str, hosts: list[str]
 ) -> None:
