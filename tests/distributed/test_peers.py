@@ -183,3 +183,36 @@ def test_transfers_no_rank_could_run_are_refused_alike_everywhere(transfers: lis
     with pytest.raises(InvalidArgumentError, match=match):
         _check(transfers, 3, 0)
     _check([Transfer(0, 5, 0, 1), Transfer(0, 5, 0, 2), Transfer(1, 5, 1, 0)], 3, 2)
+
+
+@pytest.mark.parametrize("sizes", [[5, 0, 17, 3], [40], [0], [], [16, 16], [1, 30, 1]])
+def test_a_part_sent_from_its_staged_bytes_travels_in_the_wires_chunks(
+    monkeypatch: pytest.MonkeyPatch, sizes: list[int]
+) -> None:
+    """The messages a rank sends of a part it just committed, made from its staged arrays (views
+    where a chunk lies in one array, copies where it spans several), are the very bytes and chunks
+    a read of the committed step would send; arrays that are not the payloads' bytes are refused."""
+    import numpy as np
+
+    from crashsafe.distributed import peers
+    from crashsafe.format.manifest import Manifest, PayloadEntry
+
+    monkeypatch.setattr(peers, "_CHUNK", 16)
+    rng = np.random.default_rng(len(sizes))
+    arrays = [rng.integers(0, 255, n, dtype=np.uint8) for n in sizes]
+    entries = tuple(
+        PayloadEntry(f"a{i}", "numpy", "uint8", (n,), "data.bin", 0, n, "0" * 16, {"id": "raw"})
+        for i, n in enumerate(sizes)
+    )
+    manifest = Manifest(1, 0.0, {}, entries, {"data.bin": sum(sizes)}, {}, {})
+    sent = peers._in_memory(manifest, arrays)
+    assert sent is not None
+    body, pieces = sent
+    whole = b"".join(a.tobytes() for a in arrays)
+    assert [int(p.numel()) for p in pieces] == [b - a for a, b in peers._chunks(len(whole))]
+    assert b"".join(p.numpy().tobytes() for p in pieces) == whole
+    assert body == peers.dumps(manifest)
+    if sizes:
+        assert (
+            peers._in_memory(manifest, [*arrays[:-1], arrays[-1][:-1]] if sizes[-1] else arrays[:-1]) is None
+        )
