@@ -239,6 +239,16 @@ def test_a_second_trainer_on_one_directory_is_told_to_close_the_first(tmp_path: 
     _trainer(tmp_path, 4, 4).close()
 
 
+def test_a_memory_tier_it_would_never_restore_from_is_refused(tmp_path: Path) -> None:
+    """The trainer resumes through ``load`` (the persistent tier): a memory tier given in
+    ``manager_options`` would be saved to and never restored from, so it is refused, naming the way
+    out, before any directory is made."""
+    memory = tmp_path / "mem"
+    with pytest.raises(cs.InvalidArgumentError, match=r"memory=.*restore\(\)"):
+        _trainer(tmp_path, 4, 4, manager_options={"memory": cs.MemoryTier(memory)})
+    assert not memory.exists()
+
+
 def _lora(seed: int) -> Any:
     """A 2-layer Llama of width 256 (frozen weights of 256 and 512 KiB) with LoRA on q and v (peft)."""
     from peft import LoraConfig, get_peft_model

@@ -35,7 +35,7 @@ from transformers import (
 )
 
 from crashsafe._log import through
-from crashsafe.errors import CrashsafeError
+from crashsafe.errors import CrashsafeError, InvalidArgumentError
 from crashsafe.manager import CheckpointManager
 from crashsafe.state.rebuild import apply_into, check_into
 from crashsafe.state.rng import RNGState
@@ -73,6 +73,12 @@ class CrashsafeTrainerMixin:
                 "write; turn it off and load the step you want with CheckpointManager.restore"
             )
         options = {"keep_last": hf.args.save_total_limit, **(manager_options or {})}
+        if options.get("memory") is not None:
+            raise InvalidArgumentError(
+                "manager_options has memory=, but CrashsafeTrainer resumes through load(), from the "
+                "persistent tier, never from a memory tier: drop memory=, or train with a "
+                "CheckpointManager(memory=...) and its restore() (docs/memory.md)"
+            )
         output = Path(hf.args.output_dir or "trainer_output")
         directory = checkpoint_dir if checkpoint_dir is not None else output / "crashsafe"
         with held_by(_TRAINER_HOLDS):
