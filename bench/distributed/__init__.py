@@ -52,6 +52,22 @@ def _store_socket() -> socket.socket:
     return sock
 
 
+def rank_env(
+    rank: int, world: int, listener: socket.socket, src: str | Path
+) -> tuple[dict[str, str], tuple[int, ...]]:
+    """The environment of one rank's process, and the descriptors it inherits: rank 0 gets the
+    rendezvous store's listening socket (``BENCH_STORE_FD``), bound to 127.0.0.1 by the launcher."""
+    env = {
+        **os.environ, "PYTHONPATH": f"{ROOT}:{src}", "RANK": str(rank), "WORLD_SIZE": str(world),
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(listener.getsockname()[1]),
+        "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+    }  # fmt: skip
+    if rank != 0:
+        return env, ()
+    env["BENCH_STORE_FD"] = str(listener.fileno())
+    return env, (listener.fileno(),)
+
+
 def _available() -> int:
     match = re.search(r"^MemAvailable:\s+(\d+) kB", Path("/proc/meminfo").read_text(), re.M)
     return int(match.group(1)) * 1024 if match else 0
@@ -120,17 +136,8 @@ def launch(
     procs = []
     lowest = before = _available()
     with _store_socket() as listener:
-        port = listener.getsockname()[1]
         for rank in range(world):
-            env = {
-                **os.environ, "PYTHONPATH": f"{ROOT}:{src}", "RANK": str(rank),
-                "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-            }  # fmt: skip
-            fds: tuple[int, ...] = ()
-            if rank == 0:
-                env["BENCH_STORE_FD"] = str(listener.fileno())
-                fds = (listener.fileno(),)
+            env, fds = rank_env(rank, world, listener, src)
             log = open(work / f"{name}.rank{rank}.log", "w")  # noqa: SIM115 - closed below
             cmd = [sys.executable, "-m", module, str(config)]
             proc = subprocess.Popen(

@@ -6,7 +6,6 @@ restart restores. Trials are chained: each restart trains on until the next kill
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
 import subprocess
@@ -16,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.distributed import ROOT, _die_with_launcher, _store_socket
+from bench.distributed import ROOT, _die_with_launcher, _store_socket, rank_env
 
 STEP_TIMEOUT = 120.0  # seconds without a new step (or a restart's restore): the trial failed
 
@@ -31,17 +30,8 @@ class Ranks:
         self._log = open(log, "w")  # noqa: SIM115 - closed in stop()
         self._threads = []
         with _store_socket() as listener:
-            port = listener.getsockname()[1]
             for rank in range(world):
-                env = {
-                    **os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'src'}", "RANK": str(rank),
-                    "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                    "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-                }  # fmt: skip
-                fds: tuple[int, ...] = ()
-                if rank == 0:
-                    env["BENCH_STORE_FD"] = str(listener.fileno())
-                    fds = (listener.fileno(),)
+                env, fds = rank_env(rank, world, listener, ROOT / "src")
                 proc = subprocess.Popen(
                     [sys.executable, "-m", "bench.memory_tier.job", str(config)], env=env, cwd=ROOT,
                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, pass_fds=fds,
