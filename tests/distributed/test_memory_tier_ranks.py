@@ -1,6 +1,7 @@
-"""The memory tier of a distributed job (docs/memory.md): real DDP and FSDP2 ranks on gloo, hosts
-pretended by name; a restart resumes from the ranks' own memory copies, a wiped host's ranks pull
-their parts from peers, and the end is bit-identical to an uninterrupted run."""
+"""The memory tier of a distributed job (docs/memory.md): real DDP ranks on gloo, hosts pretended by
+name; a restart resumes from the ranks' own memory copies, a wiped host's ranks pull their parts from
+peers (a rank SIGKILLed while it commits its pull included), and the end is bit-identical to an
+uninterrupted run."""
 
 from __future__ import annotations
 
@@ -14,12 +15,23 @@ import pytest
 from crashsafe.storage.layout import committed_steps
 
 
-def _launch(launch: Any, kind: str, hosts: list[str], tmp: Path, name: str, steps: int) -> list[str]:
+def _launch(
+    launch: Any, kind: str, hosts: list[str], tmp: Path, name: str, steps: int, kill_last_at: str = ""
+) -> list[str]:
     """Run the job with a memory tier (one save per step, every 5th persistent) to ``steps``; the
-    sources each rank's restore named."""
+    sources each rank's restore named. ``kill_last_at``: the last rank SIGKILLs itself at that commit
+    point (the others then fail within a short coordination timeout)."""
     env = {"JOB_MEMORY": str(tmp / "mem"), "JOB_HOSTS": ",".join(hosts), "JOB_PERSIST_EVERY": "5"}
+    env_of = {r: env for r in range(len(hosts))}
+    if kill_last_at:
+        env_of[len(hosts) - 1] = {**env, "CRASHSAFE_KILL_AT": kill_last_at}
+        ranks = launch("job.py", len(hosts), kind, tmp / f"{name}-disk", steps, 1, tmp / f"{name}.npz", 5,
+                       env_of=env_of)  # fmt: skip
+        codes = ranks.wait()
+        assert codes[-1] == -9 and all(code != 0 for code in codes), codes
+        return []
     ranks = launch("job.py", len(hosts), kind, tmp / f"{name}-disk", steps, 1, tmp / f"{name}.npz", 60,
-                   env_of={r: env for r in range(len(hosts))})  # fmt: skip
+                   env_of=env_of)  # fmt: skip
     sources = []
     for proc, _ in ranks.procs:  # (read to the end first: the ranks exit on their own)
         lines = proc.stdout.read().splitlines() if proc.stdout else []
@@ -51,6 +63,7 @@ def test_a_restart_resumes_from_memory_and_a_wiped_host_from_peers(
     assert committed_steps(run / "mem" / "a" / "rank_0") == [6, 7]
     assert _launch(launch, kind, hosts, run, "run", 8) == ["memory"] * len(hosts)  # own copies
     shutil.rmtree(run / "mem" / "b")  # host b lost its memory: its ranks pull their parts
+    _launch(launch, kind, hosts, run, "run", 10, "after_fsync_tmp_dir")  # killed committing its pull
     sources = _launch(launch, kind, hosts, run, "run", 10)
     assert [s for h, s in zip(hosts, sources, strict=True) if h == "a"] == ["memory"] * hosts.count("a")
     assert all(s.startswith("peer ") for h, s in zip(hosts, sources, strict=True) if h == "b"), sources
