@@ -165,6 +165,14 @@ def limits(state: dict[str, Any], work: Path, repeat: int, out: dict[str, Any]) 
 # ----------------------------------------------------------------------------- savers
 
 
+def _changed(state: dict[str, Any]) -> None:
+    """Change every tensor of ``state`` in place (on the GPU), as a training step does."""
+    with torch.no_grad():
+        for tensor in tensors_of(state):
+            if tensor.is_floating_point():
+                tensor.add_(1.0)
+
+
 def crashsafe_saves(state: dict[str, Any], work: Path, repeat: int, out: dict[str, Any]) -> None:
     firsts, stalls, returns, durables = [], [], [], []
     for attempt in range(repeat):
@@ -178,6 +186,7 @@ def crashsafe_saves(state: dict[str, Any], work: Path, repeat: int, out: dict[st
             mgr.wait()
             for _ in range(repeat + 1 if attempt == 0 else 0):
                 step += 1
+                _changed(state)  # as training does: an unchanged tensor would be referred to, not copied
                 _sync()
                 began = time.perf_counter()
                 mgr.save(step, state)

@@ -57,8 +57,9 @@ def rank_env(
 ) -> tuple[dict[str, str], tuple[int, ...]]:
     """The environment of one rank's process, and the descriptors it inherits: rank 0 gets the
     rendezvous store's listening socket (``BENCH_STORE_FD``), bound to 127.0.0.1 by the launcher."""
+    path = ":".join(filter(None, [str(ROOT), str(src), os.environ.get("PYTHONPATH")]))  # (+ a device's)
     env = {
-        **os.environ, "PYTHONPATH": f"{ROOT}:{src}", "RANK": str(rank), "WORLD_SIZE": str(world),
+        **os.environ, "PYTHONPATH": path, "RANK": str(rank), "WORLD_SIZE": str(world),
         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(listener.getsockname()[1]),
         "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
     }  # fmt: skip

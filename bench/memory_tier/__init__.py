@@ -10,12 +10,13 @@ step (every 50th also persistent) and with a persistent save every 50 steps, blo
 then restores one step from each source into a fresh model and optimizer; then the job of
 bench/memory_tier/job.py is SIGKILLed at random instants and restarted (bench/memory_tier/kills.py).
 
-    python -m bench memory_tier [--quick] [--kinds ddp fsdp] [--seed N]
+    python -m bench memory_tier [--quick] [--kinds ddp fsdp] [--seed N] [--no-s3]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -56,7 +57,8 @@ def run_kind(
     taken = ("batch", "block", "memory_block", "rounds", "persist_every", "floor_reps", "recover_rounds")
     cfg = {
         **{k: plan[k] for k in taken}, "kind": kind, "total": plan["total"] * MiB, "shm": str(mem),
-        "work": str(work), "s3": f"s3://{BUCKET}/{kind}-{secrets.token_hex(4)}", "s3_options": s3_options,
+        "work": str(work), "s3": f"s3://{BUCKET}/{kind}-{secrets.token_hex(4)}" if s3_options else "",
+        "s3_options": s3_options,
         "dirs": {"work": str(work), "shm": str(mem)},
     }  # fmt: skip
     print(f"-- {kind}: training steps, then restores", flush=True)
@@ -108,6 +110,8 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--out", type=Path, help="the report (default: bench/results/memory_tier.md)")
     parser.add_argument("--work", type=Path, default=WORK, help="scratch space (checkpoints, logs), emptied")
     parser.add_argument("--report-only", action="store_true", help="rewrite the report from its JSON")
+    parser.add_argument("--no-s3", action="store_true", help="no restore from S3 (a machine without moto)")
+    parser.add_argument("--kills", type=int, help="SIGKILLs per mode and kind (default: the plan's)")
     args = parser.parse_args(argv)
     partial = args.quick or args.kinds != ["ddp", "fsdp"]
     out = args.out or (WORK.parent / "memory_tier.md" if partial else RESULTS / "memory_tier.md")
@@ -116,13 +120,15 @@ def main(argv: list[str]) -> None:
         print(write(out, saved["results"], saved["meta"]))
         return
     plan = QUICK if args.quick else FULL
+    if args.kills is not None:
+        plan = {**plan, "kills": args.kills, "sync_kills": args.kills, "today_kills": args.kills}
     shutil.rmtree(args.work, ignore_errors=True)
     args.work.mkdir(parents=True)
     shm = Path("/dev/shm") / f"crashsafe-bench-{os.getpid()}-{secrets.token_hex(4)}"
     began, load_before = time.perf_counter(), os.getloadavg()
     results = {}
     try:
-        with moto_server() as options:
+        with contextlib.nullcontext({}) if args.no_s3 else moto_server() as options:
             for kind in args.kinds:
                 results[kind] = run_kind(kind, plan, shm, options, args.seed, args.work)
     finally:  # (the scratch space, with the ranks' logs, is kept if the run failed)
@@ -140,6 +146,7 @@ def main(argv: list[str]) -> None:
     meta = {
         "command": command, "machine": machine(), "when": time.strftime("%Y-%m-%d %H:%M %Z"),
         "elapsed": time.perf_counter() - began, "load": load, "plan": plan, "seed": args.seed,
+        "cores": os.cpu_count(), "s3": not args.no_s3,
     }  # fmt: skip
     print(write(out, results, meta))
     print(f"written to {out}", flush=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 MiB = 1 << 20
-CORES = 2  # this machine's: every rank's training and background saves share them
+CORES = 2  # this machine's (where the JSON does not say): every rank's training and saves share them
 OVERHEAD_TARGET, RECOVERY_TARGET = 0.10, 0.3
 NAMES = {"ddp": "DDP", "fsdp": "FSDP2"}
 
@@ -263,25 +263,40 @@ def targets(results: dict[str, Any], every: int) -> list[str]:
 
 def report(results: dict[str, Any], meta: dict[str, Any]) -> str:
     plan, every = meta["plan"], meta["plan"]["persist_every"]
+    cores = meta.get("cores", CORES)
+    spare = cores >= 2 * plan["world"]  # (a core per rank's training and one for its background)
     kinds = ", ".join(NAMES[k] for k in results)
     part = {k: r["steps"]["part_bytes"][0] / MiB for k, r in results.items()}
     lines = [
         "# The memory tier: a memory save every step, recovery from each source, steps lost",
         "",
         f"Produced by `{meta['command']}` on {meta['when']}, {meta['machine']}; memory directories on tmpfs "
-        "(/dev/shm), the persistent tier on ext4 on a virtual disk, S3 = moto's ThreadedMotoServer on "
-        "127.0.0.1 "
-        f"(a child process); the whole run took {meta['elapsed'] / 60:.1f} min; load average {meta['load']}. "
-        "Other sessions' jobs (tests, a field test of 4 ranks) shared the machine during the run.",
+        f"(/dev/shm), the persistent tier on {meta.get('disk', 'ext4 on a virtual disk')}, "
+        + (
+            "S3 = moto's ThreadedMotoServer on 127.0.0.1 (a child process)"
+            if meta.get("s3", True)
+            else "no S3 (`--no-s3`)"
+        )
+        + f"; the whole run took {meta['elapsed'] / 60:.1f} min; load average {meta['load']}"
+        + (
+            ". Other sessions' jobs (tests, a field test of 4 ranks) shared the machine during the run."
+            if not spare
+            else "."
+        )
+        + "",
         "",
-        f"**{CORES} cores only**: {plan['world']} ranks (each with its background save thread and gloo's "
-        "threads) oversubscribe them, so everything here is CPU-bound and noisy, and a memory save's "
-        "background "
-        "work does not run beside training, as it would on a host with cores to spare: it takes the "
-        "training's "
-        "cores. Ratios are taken within one run, between configurations measured in the same processes, "
-        "block "
-        "after block (each round starts with the next configuration).",
+        (
+            f"**{cores} cores only**: {plan['world']} ranks (each with its background save thread and gloo's "
+            "threads) oversubscribe them, so everything here is CPU-bound and noisy, and a memory save's "
+            "background work does not run beside training, as it would on a host with cores to spare: it "
+            "takes the training's cores."
+            if not spare
+            else f"**{cores} cores**: the {plan['world']} ranks train on one thread each "
+            "(`OMP_NUM_THREADS=1`), which leaves cores to their background saves and gloo's threads; a "
+            "memory save still shares the memory bandwidth, its process's GIL and loopback with training."
+        )
+        + " Ratios are taken within one run, between configurations measured in the same processes, "
+        "block after block (each round starts with the next configuration).",
         "",
         f"State = bench/distributed's MLP of 2048x2048 layers, fp32 parameters + AdamW's two moments, "
         f"{plan['total']} MiB nominal in total ("
@@ -323,7 +338,7 @@ def report(results: dict[str, Any], meta: dict[str, Any]) -> str:
         "",
         *step_table(results, every),
         "",
-        *ceiling(results, every),
+        *ceiling(results, every, cores),
         "",
         "### Where a memory save's time goes",
         "",
@@ -349,23 +364,25 @@ def report(results: dict[str, Any], meta: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def ceiling(results: dict[str, Any], every: int) -> list[str]:
-    """Why a memory save costs what it does here: the CPU it adds on 2 cores, its bytes, its stall."""
+def ceiling(results: dict[str, Any], every: int, cores: int) -> list[str]:
+    """Why a memory save costs what it does here: the CPU it adds on these cores, its bytes, its stall."""
+    bound = {k: step_figures(r["steps"], every)["floor"] / step_figures(r["steps"], every)["base"]
+             for k, r in results.items()}  # fmt: skip
     lines = [
-        "**The ceiling on this machine.** Every rank's background save runs on the same 2 cores as every "
-        "rank's training, so the CPU a memory save adds is wall time added to the step, whatever the "
-        "overlap:",
+        "**The ceiling on this machine.** Every rank's background save runs on the same "
+        f"{cores} cores as every rank's training; where they are all busy, the CPU a memory save adds is "
+        "wall time added to the step, whatever the overlap:",
         "",
         "| kind | part per rank (memory step) | CPU-seconds a memory save adds per step, all ranks | its "
         "least wall "
-        f"time on {CORES} cores (of a step) | measured per-step overhead (of a step) | save call, median "
+        f"time on {cores} cores (of a step) | measured per-step overhead (of a step) | save call, median "
         "(of a "
         "step) | floor: the copy into staging (of a step) |",
         "|---|---|---|---|---|---|---|",
     ]
     for kind, r in results.items():
         f = step_figures(r["steps"], every)
-        part, least = r["steps"]["part_bytes"][0], f["cpu_extra"] / CORES
+        part, least = r["steps"]["part_bytes"][0], f["cpu_extra"] / cores
         lines.append(
             f"| {NAMES[kind]} | {part / MiB:.0f} MiB | {f['cpu_extra']:.2f} | {_ms(least)} "
             f"({_pct(least / f['base'])}) "
@@ -385,13 +402,13 @@ def ceiling(results: dict[str, Any], every: int) -> list[str]:
         "call's median above is that wait; the snapshot itself is in the table below). FSDP2's save keeps "
         "up: its save call is a few times the copy floor, and its overhead is about the CPU its background "
         "adds. On a host whose cores are not all busy training (a GPU job's CPUs), that background work "
-        "runs beside the step and the stall would be the save call alone; here it cannot. **The least any "
-        "memory tier with a second copy costs here**: the staging copy (which could be the memory step "
-        "itself, staged in the RAM disk), the send, the receive and the copy's write are four passes, "
-        "each at least the floor's time on these cores: 4x the floor, DDP 44%, FSDP2 9% of a step, before "
-        "any checksum. DDP's 10% is below it (its floor alone is 11%); FSDP2's is at it, and needs the "
-        "staging buffers in the RAM disk and sends and receives without gloo's extra copies. A DDP part "
-        "of 1/N of the replica (as the persistent tier writes) would cut DDP's bytes 4 times.",
+        "runs beside the step and the stall would be the save call alone. **The least any memory tier "
+        "with a second copy costs, where its work takes the training's cores**: the staging copy (which "
+        "could be the memory step itself, staged in the RAM disk), the send, the receive and the copy's "
+        "write are four passes, each at least the floor's time on these cores: 4x the floor, "
+        + ", ".join(f"{NAMES[k]} {_pct(4 * bound[k])}" for k in bound)
+        + " of a step, before any checksum. A DDP part of 1/N of the replica (as the persistent tier "
+        "writes) would cut DDP's bytes 4 times.",
     ]
     return lines
 

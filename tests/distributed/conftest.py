@@ -15,6 +15,8 @@ import pytest
 SCRIPTS = Path(__file__).parent / "scripts"
 SRC = Path(__file__).resolve().parents[2] / "src"
 PATH = f"{SRC}:{SCRIPTS}:{SRC.parent}"  # the job scripts count reads with bench/readcount.py
+if os.environ.get("PYTHONPATH"):  # (after ours: a dependency installed aside, as tests/gpu/run.sh's)
+    PATH += f":{os.environ['PYTHONPATH']}"
 
 
 def free_port() -> int:

@@ -11,17 +11,26 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 
 from crashsafe.storage.layout import committed_steps
 
 
 def _launch(
-    launch: Any, kind: str, hosts: list[str], tmp: Path, name: str, steps: int, kill_last_at: str = ""
+    launch: Any,
+    kind: str,
+    hosts: list[str],
+    tmp: Path,
+    name: str,
+    steps: int,
+    kill_last_at: str = "",
+    device: str = "cpu",
 ) -> list[str]:
-    """Run the job with a memory tier (one save per step, every 5th persistent) to ``steps``; the
-    sources each rank's restore named. ``kill_last_at``: the last rank SIGKILLs itself at that commit
-    point (the others then fail within a short coordination timeout)."""
-    env = {"JOB_MEMORY": str(tmp / "mem"), "JOB_HOSTS": ",".join(hosts), "JOB_PERSIST_EVERY": "5"}
+    """Run the job with a memory tier (one save per step, every 5th persistent) to ``steps`` on
+    ``device``; the sources each rank's restore named. ``kill_last_at``: the last rank SIGKILLs itself
+    at that commit point (the others then fail within a short coordination timeout)."""
+    env = {"JOB_MEMORY": str(tmp / "mem"), "JOB_HOSTS": ",".join(hosts), "JOB_PERSIST_EVERY": "5",
+           "JOB_DEVICE": device, "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}  # fmt: skip
     env_of = {r: env for r in range(len(hosts))}
     if kill_last_at:
         env_of[len(hosts) - 1] = {**env, "CRASHSAFE_KILL_AT": kill_last_at}
@@ -48,23 +57,35 @@ def _same(a: Path, b: Path) -> None:
             assert np.array_equal(left[name], right[name]), name
 
 
+CUDA = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device (CI has none): run `bash tests/gpu/run.sh`"
+)
+
+
 # (FSDP2 on 2 hosts of 2 ranks, killed and wiped: tests/distributed/test_memory_field.py)
-@pytest.mark.parametrize(("kind", "hosts"), [("ddp", ["a", "b"])])
+@pytest.mark.parametrize(
+    ("kind", "hosts", "device"),
+    [("ddp", ["a", "b"], "cpu"), pytest.param("ddp", ["a", "b"], "cuda", marks=[pytest.mark.cuda, CUDA])],
+    ids=["ddp", "ddp-cuda"],
+)
 def test_a_restart_resumes_from_memory_and_a_wiped_host_from_peers(
-    tmp_path: Path, launch: Any, kind: str, hosts: list[str]
+    tmp_path: Path, launch: Any, kind: str, hosts: list[str], device: str
 ) -> None:
+    def run_to(where: Path, steps: int, kill: str = "") -> list[str]:
+        return _launch(launch, kind, hosts, where, "run", steps, kill, device)
+
     straight = tmp_path / "straight"
     straight.mkdir()
-    _launch(launch, kind, hosts, straight, "run", 10)
+    run_to(straight, 10)
     run = tmp_path / "run"
     run.mkdir()
-    assert _launch(launch, kind, hosts, run, "run", 7) == ["none"] * len(hosts)
+    assert run_to(run, 7) == ["none"] * len(hosts)
     assert committed_steps(run / "run-disk") == [5]  # every 5th save is persistent
     assert committed_steps(run / "mem" / "a" / "rank_0") == [6, 7]
-    assert _launch(launch, kind, hosts, run, "run", 8) == ["memory"] * len(hosts)  # own copies
+    assert run_to(run, 8) == ["memory"] * len(hosts)  # own copies
     shutil.rmtree(run / "mem" / "b")  # host b lost its memory: its ranks pull their parts
-    _launch(launch, kind, hosts, run, "run", 10, "after_fsync_tmp_dir")  # killed committing its pull
-    sources = _launch(launch, kind, hosts, run, "run", 10)
+    run_to(run, 10, "after_fsync_tmp_dir")  # killed committing its pull
+    sources = run_to(run, 10)
     assert [s for h, s in zip(hosts, sources, strict=True) if h == "a"] == ["memory"] * hosts.count("a")
     assert all(s.startswith("peer ") for h, s in zip(hosts, sources, strict=True) if h == "b"), sources
     _same(straight / "run.npz", run / "run.npz")

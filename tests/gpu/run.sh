@@ -7,5 +7,5 @@ out=${1:-gpu-check}
 mkdir -p "$out"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 CUBLAS_WORKSPACE_CONFIG=:4096:8
 python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"
-python3 -m pytest -q -p no:cacheprovider -rfE --durations=5 tests/gpu 2>&1 | tee "$out/tests.log"
+python3 -m pytest -q -p no:cacheprovider -rfE --durations=5 -m cuda tests/gpu tests/distributed/test_memory_tier_ranks.py 2>&1 | tee "$out/tests.log"
 python3 -m bench gpu --out "$out/gpu.md" ${BENCH_ARGS:-} 2>&1 | tee "$out/bench.log"

@@ -14,6 +14,8 @@ big enough that saves refer to it once committed: docs/unchanged.md) between the
 JOB_MEMORY=ROOT adds a memory tier in ROOT/<host>, the host of each rank named by JOB_HOSTS (a comma
 list, one per rank), saving to DIR every JOB_PERSIST_EVERY-th save (5); the job then prints "source
 S" and "recovery SECONDS" after "resumed N": where the restore came from, and how long it took.
+JOB_DEVICE=cuda trains on the GPU (every rank on the current device; kind ddp or plain, gloo
+moving CUDA tensors; tests/gpu/run.sh runs it).
 JOB_PERSISTENT_FAULT=1 injects a fault in this job (the field test's, bench/memory_field.py): if DIR
 holds a committed step when the job starts, every listing or opening of a step of DIR while the job
 restores prints "FAULT ..." on stderr and raises, so a restore that reads the persistent tier fails.
@@ -41,6 +43,7 @@ from crashsafe.storage.layout import committed_steps
 from crashsafe.storage.local import LocalStore
 
 WIDTH = int(os.environ.get("JOB_WIDTH", "32"))
+DEVICE = torch.device(os.environ.get("JOB_DEVICE", "cpu"))
 if "JOB_CHUNK_BYTES" in os.environ:
     saving.CHUNK_BYTES = int(os.environ["JOB_CHUNK_BYTES"])
 
@@ -53,7 +56,7 @@ def build(kind: str, world: int) -> tuple[torch.nn.Module, torch.optim.Optimizer
         frozen = torch.nn.Linear(WIDTH, 4096)
         frozen.requires_grad_(False)
         layers[2:] = [frozen, torch.nn.Tanh(), torch.nn.Linear(4096, 6)]
-    model = torch.nn.Sequential(*layers)
+    model = torch.nn.Sequential(*layers).to(DEVICE)
     if kind == "fsdp":
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
@@ -105,7 +108,7 @@ def persistent_reads_fail(directory: str) -> Iterator[None]:
 
 def full(value: torch.Tensor) -> np.ndarray:
     tensor = value.full_tensor() if hasattr(value, "full_tensor") else value
-    return tensor.detach().numpy().copy()
+    return tensor.detach().cpu().numpy().copy()
 
 
 def save_full(model: torch.nn.Module, optim: torch.optim.Optimizer, out: str) -> None:
@@ -145,6 +148,7 @@ def train(kind: str, directory: str, steps: int, every: int, timeout: float) -> 
                 torch.randn(16, 8, generator=g),
                 torch.randn(16, 6) * 0.01,
             )  # rng used: restored exactly
+            x, noise = x.to(DEVICE), noise.to(DEVICE)
             optim.zero_grad()
             (model(x) + noise).pow(2).mean().backward()
             optim.step()
