@@ -111,6 +111,9 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--work", type=Path, default=WORK, help="scratch space (checkpoints, logs), emptied")
     parser.add_argument("--report-only", action="store_true", help="rewrite the report from its JSON")
     parser.add_argument("--no-s3", action="store_true", help="no restore from S3 (a machine without moto)")
+    parser.add_argument(
+        "--shm", type=Path, default=Path("/dev/shm"), help="where the memory tiers go (a RAM disk)"
+    )
     parser.add_argument("--kills", type=int, help="SIGKILLs per mode and kind (default: the plan's)")
     args = parser.parse_args(argv)
     partial = args.quick or args.kinds != ["ddp", "fsdp"]
@@ -124,7 +127,7 @@ def main(argv: list[str]) -> None:
         plan = {**plan, "kills": args.kills, "sync_kills": args.kills, "today_kills": args.kills}
     shutil.rmtree(args.work, ignore_errors=True)
     args.work.mkdir(parents=True)
-    shm = Path("/dev/shm") / f"crashsafe-bench-{os.getpid()}-{secrets.token_hex(4)}"
+    shm = args.shm / f"crashsafe-bench-{os.getpid()}-{secrets.token_hex(4)}"
     began, load_before = time.perf_counter(), os.getloadavg()
     results = {}
     try:
@@ -146,10 +149,23 @@ def main(argv: list[str]) -> None:
     meta = {
         "command": command, "machine": machine(), "when": time.strftime("%Y-%m-%d %H:%M %Z"),
         "elapsed": time.perf_counter() - began, "load": load, "plan": plan, "seed": args.seed,
-        "cores": os.cpu_count(), "s3": not args.no_s3,
+        "cores": os.cpu_count(), "s3": not args.no_s3, "shm": shm_description(args.shm),
     }  # fmt: skip
     print(write(out, results, meta))
     print(f"written to {out}", flush=True)
+
+
+def shm_description(where: Path) -> str:
+    """``where`` and its mount's file system type and options (from /proc/self/mounts): "tmpfs" with
+    or without ``huge=``, which decides the page size of the memory tier's files."""
+    best = ("", "?", "?")
+    with contextlib.suppress(OSError), open("/proc/self/mounts") as mounts:
+        for line in mounts:
+            _, point, kind, options, *_ = line.split()
+            if where.resolve().is_relative_to(point) and len(point) >= len(best[0]):
+                best = (point, kind, options)
+    huge = [o for o in best[2].split(",") if o.startswith("huge=")]
+    return f"{best[1]} ({where}{', ' + huge[0] if huge else ', 4 KiB pages' if best[1] == 'tmpfs' else ''})"
 
 
 def write(out: Path, results: dict[str, Any], meta: dict[str, Any]) -> str:

@@ -270,8 +270,8 @@ def report(results: dict[str, Any], meta: dict[str, Any]) -> str:
     lines = [
         "# The memory tier: a memory save every step, recovery from each source, steps lost",
         "",
-        f"Produced by `{meta['command']}` on {meta['when']}, {meta['machine']}; memory directories on tmpfs "
-        f"(/dev/shm), the persistent tier on {meta.get('disk', 'ext4 on a virtual disk')}, "
+        f"Produced by `{meta['command']}` on {meta['when']}, {meta['machine']}; memory directories on "
+        f"{meta.get('shm', 'tmpfs (/dev/shm)')}, the persistent tier on ext4 on a virtual disk, "
         + (
             "S3 = moto's ThreadedMotoServer on 127.0.0.1 (a child process)"
             if meta.get("s3", True)

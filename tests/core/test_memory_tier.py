@@ -140,6 +140,28 @@ def test_a_sigkill_at_each_point_of_a_memory_save_leaves_an_intact_step(
     assert not any(p.name.startswith(".") and p.is_dir() for p in (tmp_path / "mem" / "rank_0").iterdir())
 
 
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    ("point", "left"),
+    [("after_trash_rename:1", 3), ("mid_delete:1", 3), ("after_trash_rename:2", 2), ("mid_delete:2", 2)],
+)
+def test_a_sigkill_while_a_restore_drops_newer_memory_steps_leaves_a_restorable_step(
+    tmp_path: Path, point: str, left: int, spawn: Callable[..., subprocess.Popen[str]]
+) -> None:
+    """A restore of step 2 deletes memory steps 4, then 3; killed in either deletion, the restart
+    restores the newest step left whole, bit for bit, and clears what the deletion left."""
+    proc = spawn("memory_restore_point.py", tmp_path / "disk", tmp_path / "mem", point)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == -9, (point, out, err)
+    assert committed_steps(tmp_path / "mem" / "rank_0") == list(range(1, left + 1))
+    with cs.CheckpointManager(tmp_path / "disk", memory=cs.MemoryTier(tmp_path / "mem")) as mgr:
+        state = {"x": np.zeros(1000), "step": 0}
+        assert mgr.restore(state) == left
+        assert mgr.recovery is not None and mgr.recovery.source == "memory"
+    assert state["step"] == left and np.array_equal(state["x"], np.full(1000, float(left)))
+    assert not any(p.name.startswith(".") and p.is_dir() for p in (tmp_path / "mem" / "rank_0").iterdir())
+
+
 def test_a_memory_directory_that_is_a_symlink_is_refused_and_left_alone(tmp_path: Path) -> None:
     victim = make_victim(tmp_path / "victim")
     (tmp_path / "mem").mkdir()
