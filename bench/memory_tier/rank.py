@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import json
+import mmap
 import os
 import shutil
 import sys
@@ -30,6 +31,8 @@ from bench.distributed.grow import _evict
 from bench.distributed.model import build
 from bench.memory_tier.training import host_of, local_tensors, same, train_step
 from bench.readcount import Reads, count_reads
+from crashsafe.distributed.saving import CHUNK_BYTES as CHUNK
+from crashsafe.format.chunks import hash_chunks
 
 CONFIGS = ["none", "memory", "persistent"]
 SOURCES = ["memory", "peer", "disk", "disk, cold", "s3"]
@@ -82,6 +85,53 @@ def _floor(model: torch.nn.Module, optim: torch.optim.Optimizer, reps: int) -> l
     return out
 
 
+def _two_copy_floor(
+    model: torch.nn.Module, optim: torch.optim.Optimizer, reps: int, shm: Path
+) -> tuple[list[float], float]:
+    """The least a memory tier with a second copy does, all ranks at once, ``reps`` times, with the
+    cheapest parts there are and none of crashsafe's: copy the rank's state into one kept buffer;
+    copy it into a file on the RAM disk whose pages exist already (no allocation); checksum it (the
+    format's chunked xxh3); send it to the rank's peer on the other host (gloo, the default group)
+    while receiving the peer's part straight into a second such file; checksum what arrived. No
+    commit protocol, no retention, no second group. Returns the wall time of each rep and the CPU
+    seconds this process spent in all of them."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    peer = (rank + max(1, world // 2)) % world  # (host a's rank i pairs with host b's rank i)
+    tensors = local_tensors(model, optim)
+    sizes = gather(sum(t.numel() * t.element_size() for t in tensors))
+    staging = torch.empty(sizes[rank], dtype=torch.uint8)
+    shm.mkdir(parents=True, exist_ok=True)
+    files = []
+    for name, size in (("own", sizes[rank]), ("copy", sizes[peer])):
+        with open(shm / f"{name}-{rank}", "w+b") as f:
+            f.truncate(size)
+            files.append(mmap.mmap(f.fileno(), size))
+    own, copy = (torch.frombuffer(m, dtype=torch.uint8) for m in files)
+    own.fill_(1), copy.fill_(1)  # the pages exist from now on
+    walls, cpu = [], 0.0
+    for _ in range(reps):
+        dist.barrier()
+        c0, t0 = _cpu(), time.perf_counter()
+        at = 0
+        for t in tensors:
+            flat = t.detach().reshape(-1).view(torch.uint8)
+            staging[at : at + flat.numel()].copy_(flat)
+            at += flat.numel()
+        own.copy_(staging)
+        hash_chunks(staging.numpy(), CHUNK)
+        pending = [dist.isend(staging, peer), dist.irecv(copy, peer)]
+        for request in pending:
+            request.wait()
+        hash_chunks(copy.numpy(), CHUNK)
+        walls.append(time.perf_counter() - t0)
+        cpu += _cpu() - c0
+    del own, copy
+    for m in files:
+        m.close()
+    shutil.rmtree(shm, ignore_errors=True)
+    return walls, cpu
+
+
 def run_steps(cfg: dict[str, Any], model: torch.nn.Module, optim: torch.optim.Optimizer) -> dict[str, Any]:
     """Blocks of training steps of each configuration, round after round (each round starts with
     the next one): no checkpoint (``block`` steps); a memory save every step (``memory_block``
@@ -114,6 +164,7 @@ def run_steps(cfg: dict[str, Any], model: torch.nn.Module, optim: torch.optim.Op
     out: dict[str, Any] = {c: {"step": [], "stall": [], "block": [], "wait": [], "cpu": []} for c in CONFIGS}
     out["first_stall"] = {k: max(g[k] for g in gather(first)) for k in first}
     out["floor"], out["phases"], out["sizes"] = [], [], sizes
+    out["two_copy_floor"], out["two_copy_cpu"] = [], []
     saves = dict.fromkeys(CONFIGS, 0)
     for r in range(cfg["rounds"]):
         for config in CONFIGS[r % 3 :] + CONFIGS[: r % 3]:
@@ -159,6 +210,10 @@ def run_steps(cfg: dict[str, Any], model: torch.nn.Module, optim: torch.optim.Op
             print(f"rank {rank}: round {r} {config}: {end - began:.2f} s", flush=True)
         floors = gather(_floor(model, optim, cfg["floor_reps"]))
         out["floor"] += [max(f) for f in zip(*floors, strict=True)]
+        walls, cpu = _two_copy_floor(model, optim, cfg["floor_reps"], Path(cfg["shm"]) / "floor")
+        every_rank = gather((walls, cpu))
+        out["two_copy_floor"].append([max(w) for w in zip(*(e[0] for e in every_rank), strict=True)])
+        out["two_copy_cpu"].append(sum(e[1] for e in every_rank) / cfg["floor_reps"])
     out["part_bytes"] = gather(sum(t.numel() * t.element_size() for t in local_tensors(model, optim)))
     for each in mgrs.values():
         each.close()
