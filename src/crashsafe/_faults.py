@@ -14,7 +14,15 @@ import errno
 import os
 import signal
 
-__all__ = ["COMMIT_POINTS", "OBJECT_COMMIT_POINTS", "SHELF_ARMED", "arm", "reached", "write_in_halves"]
+__all__ = [
+    "COMMIT_POINTS",
+    "OBJECT_COMMIT_POINTS",
+    "RECYCLE_POINTS",
+    "SHELF_ARMED",
+    "arm",
+    "reached",
+    "write_in_halves",
+]
 
 COMMIT_POINTS = (
     "after_mkdir_tmp",
@@ -27,6 +35,8 @@ COMMIT_POINTS = (
     "after_trash_rename",
     "mid_delete",
 )
+# a local store that recycles (storage/local.py): the spare's data file moved into a draft
+RECYCLE_POINTS = ("after_recycle",)
 # the manifest-last protocol of object stores (storage/objectstore.py); mid_data and mid_delete too
 OBJECT_COMMIT_POINTS = (
     "mid_upload",
@@ -46,7 +56,7 @@ def arm(point: str | None, nth: int = 1, *, fail: bool = False) -> None:
     """Make this process SIGKILL itself the ``nth`` time it reaches ``point`` (None disarms), or
     with ``fail`` raise an OSError each time it does."""
     global _KILL_AT, _LEFT, _FAIL_AT
-    known = COMMIT_POINTS + OBJECT_COMMIT_POINTS
+    known = COMMIT_POINTS + OBJECT_COMMIT_POINTS + RECYCLE_POINTS
     if point is not None and point not in known:
         raise ValueError(f"unknown commit point {point!r}; known: {', '.join(known)}")
     if fail:

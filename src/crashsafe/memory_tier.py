@@ -268,7 +268,7 @@ def _part_store(memory: Path, owner: int) -> Store:
         with LocalDir.open(memory) as parent:
             with contextlib.suppress(FileExistsError):
                 parent.mkdir(name)
-            return LocalStore.inside(parent, name)
+            return LocalStore.inside(parent, name, recycle=True)  # (a RAM disk: docs/memory.md)
     except UnsafeEntryError:
         raise StorageError(
             f"refusing the memory tier's {memory / name}: it is a link or another file, not a directory "

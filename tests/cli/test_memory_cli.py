@@ -81,7 +81,15 @@ def test_a_real_memory_tier_is_listed_and_verified(tmp_path: Path) -> None:
     assert [(s["step"], s["world"], s["parts"], s["complete"], s["ok"]) for s in doc["steps"]] == [
         (4, 1, [0], True, True), (5, 1, [0], True, True)
     ]  # fmt: skip
-    assert doc["stores"] == [{"name": "rank_0", "rank": 0, "problem": None, "leftovers": []}]
+    (store,) = doc["stores"]  # step 3, the last deleted, is kept for the next save to write over
+    assert store["spare"].startswith(".trash-step_000000000003-")
+    assert store | {"spare": None} == {
+        "name": "rank_0",
+        "rank": 0,
+        "problem": None,
+        "leftovers": [],
+        "spare": None,
+    }
     assert doc["steps"][1]["copies"][0]["claims"] == "0/1" and doc["steps"][1]["copies"][0]["metrics"] == {
         "loss": 0.2
     }

@@ -70,10 +70,12 @@ class PartStore:
     rank: int
     problem: str | None = None
     leftovers: list[str] = field(default_factory=list)
+    spare: str | None = None  # a deleted step kept for the next save to write over (docs/memory.md)
     copies: list[Copy] = field(default_factory=list)
 
     def json(self) -> dict[str, Any]:
-        return {"name": self.name, "rank": self.rank, "problem": self.problem, "leftovers": self.leftovers}
+        return {"name": self.name, "rank": self.rank, "problem": self.problem, "leftovers": self.leftovers,
+                "spare": self.spare}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -193,7 +195,8 @@ def scan(location: str, names: list[str]) -> list[PartStore]:
                 except (CrashsafeError, OSError) as exc:
                     part.problem = f"could not be read: {exc}"
                     continue
-                part.leftovers = report.leftovers
+                part.spare = store.spare()
+                part.leftovers = [name for name in report.leftovers if name != part.spare]
                 part.copies = [_copy(part, r) for r in report.steps]
     return parts
 

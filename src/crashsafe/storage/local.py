@@ -14,6 +14,13 @@ commit costs milliseconds on a busy disk); every one of them still returns befor
 payloads are gathered and written together, and the kernel starts writing each large piece back
 to disk as soon as it is written (``sync_file_range``, Linux), so the disk works while the next
 payloads are encoded and the fsync finds little left to do.
+
+A store opened with ``recycle=True`` (the memory tier's, on a RAM disk) keeps the step it deleted
+last, renamed out of view, as a spare, and the next draft writes over the spare's data file instead
+of a new one: a RAM disk allocates and zeroes every page of a new file, the costliest part of
+writing a step there. Only a step already renamed out of view is ever written over, never a
+committed one; a spare that is not a plain regular file of crashsafe's own (a link, a FIFO, a file
+with another name for it) is never written, only removed.
 """
 
 from __future__ import annotations
@@ -97,9 +104,15 @@ class LocalStore(Store):
     capabilities = Capabilities(atomic_rename=True, conditional_put=True, durable_fsync=True)
 
     def __init__(
-        self, directory: str | os.PathLike[str], *, create: bool = False, opened: LocalDir | None = None
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        create: bool = False,
+        opened: LocalDir | None = None,
+        recycle: bool = False,
     ) -> None:
         path = Path(directory)
+        self.recycle = recycle  # keep the step deleted last, to write the next step over (a RAM disk)
         if opened is not None:  # (see inside)
             self.root, self.location = opened, str(path)
             return
@@ -117,10 +130,10 @@ class LocalStore(Store):
         self.location = str(path)
 
     @classmethod
-    def inside(cls, parent: LocalDir, name: str) -> LocalStore:
+    def inside(cls, parent: LocalDir, name: str, *, recycle: bool = False) -> LocalStore:
         """The store in the entry ``name`` of the open directory ``parent``, opened without following
         a link (UnsafeEntryError for a link, a FIFO, anything but a directory: rule 11)."""
-        return cls(parent.path / name, opened=parent.subdir(name))
+        return cls(parent.path / name, opened=parent.subdir(name), recycle=recycle)
 
     def steps(self) -> list[int]:
         return committed_steps(self.root)
@@ -139,6 +152,7 @@ class LocalStore(Store):
         the link, never the files it points to."""
         root = self.root
         trash = f"{TRASH_PREFIX}{step_name(step)}-{secrets.token_hex(4)}"
+        keep = self.recycle and self.spare() is None  # (one spare: what the next draft writes over)
         try:
             root.rename(step_name(step), trash)
             root.fsync()
@@ -147,6 +161,8 @@ class LocalStore(Store):
         except OSError as exc:
             raise storage_error(exc, f"deleting step {step} in {root.path}", root.is_current) from None
         faults.reached("after_trash_rename")
+        if keep:
+            return
         try:
             root.remove(trash, after_first=lambda: faults.reached("mid_delete"))
         except OSError as exc:
@@ -156,6 +172,10 @@ class LocalStore(Store):
 
     def leftovers(self) -> list[str]:
         return leftovers(self.root)
+
+    def spare(self) -> str | None:
+        """A deleted step kept out of view for its data file's pages (``recycle``), if there is one."""
+        return next((name for name in leftovers(self.root) if name.startswith(TRASH_PREFIX)), None)
 
     def remove_leftovers(self, names: Sequence[str]) -> None:
         for name in names:
@@ -266,6 +286,7 @@ class _LocalDraft(Draft):
         self._offset = 0  # bytes of payloads taken (written or gathered)
         self._written = 0  # bytes written to the data file
         self._gathered = bytearray()  # small payloads not written yet
+        self._recycling = False  # writing over a spare's data file (store.recycle)
         try:
             try:
                 root.mkdir(self.tmp)
@@ -274,10 +295,40 @@ class _LocalDraft(Draft):
                     raise
             faults.reached("after_mkdir_tmp")
             self._dir = root.subdir(self.tmp)
-            self._fd = self._dir.create_file(self._data)
+            self._fd = self._recycled() if store.recycle else None
+            self._recycling = self._fd is not None  # (cut to what this draft wrote before it is durable)
+            if self._fd is None:
+                self._fd = self._dir.create_file(self._data)
         except (OSError, CrashsafeError) as exc:
             self.abort()
             raise self._error(exc, f"starting step {step} in {root.path}") from None
+
+    def _recycled(self) -> int | None:
+        """The spare's data file (:meth:`LocalStore.spare`), moved into this draft and opened to be
+        written over, or None (no spare, or one that is not a regular file with one name: then it is
+        left to be removed as a leftover, never written)."""
+        assert self._dir is not None
+        spare = self._store.spare()
+        if spare is None:
+            return None
+        try:
+            with self._root.subdir(spare) as folder:
+                flags = os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # (a FIFO opens at once)
+                fd = os.open(DATA_NAME, flags, dir_fd=folder.fd)
+                try:
+                    st = os.fstat(fd)
+                    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+                        raise OSError(f"{DATA_NAME} of {spare} is not crashsafe's alone")
+                    os.rename(DATA_NAME, self._data, src_dir_fd=folder.fd, dst_dir_fd=self._dir.fd)
+                except BaseException:
+                    os.close(fd)
+                    raise
+        except (OSError, CrashsafeError):
+            return None
+        faults.reached("after_recycle")
+        with contextlib.suppress(OSError):
+            self._root.remove(spare, after_first=lambda: faults.reached("mid_delete"))
+        return fd
 
     def write(self, data: BytesLike) -> tuple[str, int]:
         assert self._fd is not None, "draft is closed"
@@ -302,6 +353,13 @@ class _LocalDraft(Draft):
             gathered, self._gathered = self._gathered, bytearray()
             self._write(memoryview(gathered))
 
+    def _finish(self) -> None:
+        """Write what is gathered; a file written over is cut to what this draft wrote."""
+        self._flush()
+        if self._recycling:
+            assert self._fd is not None
+            os.ftruncate(self._fd, self._written)
+
     def _write(self, view: memoryview) -> None:
         assert self._fd is not None
         pos = 0
@@ -318,7 +376,7 @@ class _LocalDraft(Draft):
         if self._fd is None:
             return
         try:
-            self._flush()
+            self._finish()
             os.fsync(self._fd)
         except OSError as exc:
             self.abort()
@@ -332,7 +390,7 @@ class _LocalDraft(Draft):
         try:
             data_fd = self._fd  # None once persist() made the data durable (a distributed part)
             if data_fd is not None:
-                self._flush()
+                self._finish()
             fd = self._dir.create_file(MANIFEST_NAME)
             try:
                 pos = 0

@@ -1,6 +1,7 @@
 """Save steps 1 to 4 in a memory tier (nothing persistent), then restore step 2 and die by SIGKILL
 at a named point (``POINT:n``: its n-th arrival there) while the restore deletes the newer memory
-steps (newest first), as a restart that goes back to an older step does."""
+steps (newest first; the first is kept out of view as the store's spare), as a restart that goes
+back to an older step does."""
 
 import sys
 
