@@ -20,6 +20,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -33,6 +34,7 @@ from bench.memory_tier.training import host_of, local_tensors, same, train_step
 from bench.readcount import Reads, count_reads
 from crashsafe.distributed.saving import CHUNK_BYTES as CHUNK
 from crashsafe.format.chunks import hash_chunks
+from crashsafe.storage.layout import step_name
 
 CONFIGS = ["none", "memory", "persistent"]
 SOURCES = ["memory", "peer", "disk", "disk, cold", "s3"]
@@ -250,6 +252,44 @@ def _recover(
     return got, local_tensors(model, optim)
 
 
+def _read_floor(files: list[Path], nbytes: int) -> float:
+    """Seconds to read the first ``nbytes`` of ``files`` (in order) into a kept buffer and checksum
+    them (the format's chunked xxh3): the least a restore of that many bytes from there does."""
+    buf = np.empty(min(nbytes, CHUNK), dtype=np.uint8)
+    t0, left = time.perf_counter(), nbytes
+    for path in files:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            at = 0
+            while left > 0:
+                got = os.preadv(fd, [buf[: min(left, CHUNK)]], at)
+                if got == 0:
+                    break
+                hash_chunks(buf[:got], CHUNK)
+                at, left = at + got, left - got
+        finally:
+            os.close(fd)
+    return time.perf_counter() - t0
+
+
+def read_floors(root: Path, disk: Path, reps: int) -> dict[str, float]:
+    """The least a restore of this rank's part does from each source, all ranks at once: read its
+    bytes and checksum them, from its memory step on the RAM disk and from the persistent step's
+    files with the page cache holding them (read once first); best of ``reps``."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    own = root / host_of(rank, world) / f"rank_{rank}" / step_name(STEP) / "data.bin"
+    nbytes = own.stat().st_size
+    stored = sorted((disk / step_name(STEP)).glob("data*.bin"))
+    files = stored[rank % len(stored) :] + stored[: rank % len(stored)]  # (a rank's share first)
+    _read_floor(files, nbytes)
+    best = {"memory": float("inf"), "disk": float("inf")}
+    for _ in range(reps):
+        for source, where in (("memory", [own]), ("disk", files)):
+            dist.barrier()
+            best[source] = min(best[source], _read_floor(where, nbytes))
+    return best
+
+
 def run_recovery(cfg: dict[str, Any], model: torch.nn.Module, optim: torch.optim.Optimizer) -> dict[str, Any]:
     """Save step STEP once to the memory tier (own copies and peers'), the local disk and S3; then,
     round after round, restore it from each source as a restarted job would, and check each
@@ -299,6 +339,7 @@ def main(config: str) -> None:
     phases.install(PHASES)
     model, optim = build(cfg["kind"], cfg["total"], dist.get_world_size(), trained=True)
     result = {"steps": run_steps(cfg, model, optim), "recovery": run_recovery(cfg, model, optim)}
+    result["read_floor"] = gather(read_floors(Path(cfg["shm"]) / "rec", Path(cfg["work"]) / "rec-disk", 3))
     if dist.get_rank() == 0:
         Path(cfg["out"]).write_text(json.dumps(result))
     leave(store)

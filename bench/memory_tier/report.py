@@ -162,6 +162,7 @@ def recovery_table(results: dict[str, Any]) -> list[str]:
 def recovery_ceiling(results: dict[str, Any]) -> list[str]:
     """Why memory is not 0.3x the local disk here: both are reads of RAM, with the same work around."""
     parts = []
+    floors = []
     for kind, r in results.items():
         rec, floor = recovery_figures(r["recovery"]), statistics.median(r["steps"]["floor"])
         memory = rec["memory"]["best"]
@@ -171,6 +172,20 @@ def recovery_ceiling(results: dict[str, Any]) -> list[str]:
             "floor "
             "of section 1"
         )
+        if "read_floor" in r:  # slowest rank's best, all ranks at once
+            read = {source: max(rank[source] for rank in r["read_floor"]) for source in ("memory", "disk")}
+            floors.append(
+                f"{NAMES[kind]}: {_ms(read['memory'])} from the RAM disk, {_ms(read['disk'])} from the "
+                f"warm page cache ({read['memory'] / read['disk']:.2f}x)"
+            )
+    measured = (
+        " **The floor of the ratio, measured**: every rank reading its part's bytes into a kept buffer "
+        "and checksumming them, all ranks at once, nothing else (`read_floors` in "
+        "bench/memory_tier/rank.py): " + "; ".join(floors) + ". Where that ratio is above 0.3x, no "
+        "restore from this RAM disk can be 0.3x one from a local disk whose page cache holds the step."
+        if floors
+        else ""
+    )
     return [
         "**The ceiling.** A restore from the memory tier reads the part from tmpfs, which is RAM, as is the "
         "page cache that holds a local step just written; an evicted step is read from a virtual disk whose "
@@ -180,7 +195,7 @@ def recovery_ceiling(results: dict[str, Any]) -> list[str]:
         "(`load_state_dict`). Best times: " + "; ".join(parts) + ". A peer restore adds the transfer of the "
         "wiped host's parts over loopback gloo (sent, checked, committed and read back, as a save's copies "
         "are). Against a disk that has not cached the step, or an object store, the same memory restore is "
-        "the fraction in the `/ S3` column."
+        "the fraction in the `/ S3` column." + measured
     ]
 
 
