@@ -91,17 +91,16 @@ def _two_copy_floor(
     model: torch.nn.Module, optim: torch.optim.Optimizer, reps: int, shm: Path
 ) -> tuple[list[float], float]:
     """The least a memory tier with a second copy does, all ranks at once, ``reps`` times, with the
-    cheapest parts there are and none of crashsafe's: copy the rank's state into one kept buffer;
-    copy it into a file on the RAM disk whose pages exist already (no allocation); checksum it (the
-    format's chunked xxh3); send it to the rank's peer on the other host (gloo, the default group)
-    while receiving the peer's part straight into a second such file; checksum what arrived. No
-    commit protocol, no retention, no second group. Returns the wall time of each rep and the CPU
-    seconds this process spent in all of them."""
+    cheapest parts there are and none of crashsafe's: copy the rank's state straight into a file on
+    the RAM disk whose pages exist already (the snapshot, no allocation, no staging buffer besides);
+    checksum it (the format's chunked xxh3); send it from there to the rank's peer on the other host
+    (gloo, the default group) while receiving the peer's part straight into a second such file;
+    checksum what arrived. No commit protocol, no retention, no second group. Returns the wall time
+    of each rep and the CPU seconds this process spent in all of them."""
     rank, world = dist.get_rank(), dist.get_world_size()
     peer = (rank + max(1, world // 2)) % world  # (host a's rank i pairs with host b's rank i)
     tensors = local_tensors(model, optim)
     sizes = gather(sum(t.numel() * t.element_size() for t in tensors))
-    staging = torch.empty(sizes[rank], dtype=torch.uint8)
     shm.mkdir(parents=True, exist_ok=True)
     files = []
     for name, size in (("own", sizes[rank]), ("copy", sizes[peer])):
@@ -117,11 +116,10 @@ def _two_copy_floor(
         at = 0
         for t in tensors:
             flat = t.detach().reshape(-1).view(torch.uint8)
-            staging[at : at + flat.numel()].copy_(flat)
+            own[at : at + flat.numel()].copy_(flat)
             at += flat.numel()
-        own.copy_(staging)
-        hash_chunks(staging.numpy(), CHUNK)
-        pending = [dist.isend(staging, peer), dist.irecv(copy, peer)]
+        hash_chunks(own.numpy(), CHUNK)
+        pending = [dist.isend(own, peer), dist.irecv(copy, peer)]
         for request in pending:
             request.wait()
         hash_chunks(copy.numpy(), CHUNK)
