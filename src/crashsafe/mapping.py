@@ -5,7 +5,8 @@ file mapped into memory (its checksum verified over the mapping, so its pages ar
 never copied; a reference maps the file of the step that holds its bytes); payloads of other
 codecs are decoded as :func:`~crashsafe.loading.read_state` does. A mapped file stays readable
 while any view of it lives, even after retention deletes its step (deleting unlinks, it never
-truncates a committed file). Only a local directory can be mapped.
+truncates a committed file; a memory store writes over a deleted step's file only when nothing maps
+it). Only a local directory can be mapped.
 """
 
 from __future__ import annotations

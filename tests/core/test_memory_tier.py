@@ -25,7 +25,7 @@ from crashsafe.errors import (
     StorageError,
 )
 from crashsafe.state.rng import RNGState
-from crashsafe.storage.layout import committed_steps
+from crashsafe.storage.layout import committed_steps, step_dir
 
 
 def _train(model: torch.nn.Module, optim: torch.optim.Optimizer) -> None:
@@ -121,6 +121,31 @@ def test_restoring_an_older_step_drops_the_newer_memory_steps(tmp_path: Path) ->
         mgr.save(4, {"x": np.zeros(3), "step": 4})  # a step number saved before: saved anew
     assert all(torch.equal(a, b) for a, b in zip(_params(fresh), seen[2], strict=True))
     assert committed_steps(tmp_path / "mem" / "rank_0") == [2, 3, 4]
+
+
+def test_a_memory_step_mapped_by_a_reader_keeps_its_bytes_once_retention_deletes_it(tmp_path: Path) -> None:
+    """``load(mmap=True)`` of a memory store's step gives views of its data file: retention deletes
+    the step, and the save after never writes over a file those views still map (it takes a new
+    one); once they are gone, saves write over the step deleted last again (docs/memory.md)."""
+    tier = cs.MemoryTier(tmp_path / "mem", persist_every=100, keep_last=1)
+    part = tmp_path / "mem" / "rank_0"
+    with cs.CheckpointManager(tmp_path / "disk", memory=tier) as mgr:
+        mgr.save(1, {"x": np.full(1 << 16, 1.0)})
+        mgr.wait()
+        with cs.CheckpointManager(part, read_only=True) as reader:
+            viewed = reader.load(1, mmap=True)["x"]
+        for step in (2, 3):  # 2's retention deletes step 1 (kept as the spare), 3 is saved after it
+            mgr.save(step, {"x": np.full(1 << 16, float(step))})
+            mgr.wait()
+        assert np.array_equal(viewed, np.full(1 << 16, 1.0))
+        del viewed
+        inode = (step_dir(part, 3) / "data.bin").stat().st_ino
+        for step in (4, 5):  # 4's retention deletes step 3, and 5 is written over its file
+            mgr.save(step, {"x": np.full(1 << 16, float(step))})
+            mgr.wait()
+        assert (step_dir(part, 5) / "data.bin").stat().st_ino == inode
+        state = {"x": np.zeros(1 << 16)}
+        assert mgr.restore(state) == 5 and np.array_equal(state["x"], np.full(1 << 16, 5.0))
 
 
 @pytest.mark.timeout(300)

@@ -5,13 +5,16 @@ link, a FIFO) is never written, and what it leads to is never touched."""
 
 from __future__ import annotations
 
+import mmap
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from tests.hostile import make_victim, untouched, within
+from tests.hostile import make_victim, stop, untouched, within
 
-from crashsafe.storage.layout import TRASH_PREFIX, committed_steps, step_dir
+from crashsafe.storage.layout import TRASH_PREFIX, committed_steps, step_dir, step_name
 from crashsafe.storage.local import DATA_NAME, LocalStore
 
 
@@ -77,5 +80,96 @@ def test_a_spare_that_is_not_crashsafes_alone_is_never_written(tmp_path: Path, k
     assert (step_dir(where, 2) / DATA_NAME).stat().st_nlink == 1
     untouched(victim)
     store.remove_leftovers(store.leftovers())  # the refused spare goes as any leftover
+    untouched(victim)
+    store.close()
+
+
+def _inode(where: Path, step: int) -> int:
+    return (step_dir(where, step) / DATA_NAME).stat().st_ino
+
+
+def test_a_deleted_step_a_mapping_still_holds_is_never_written_over(tmp_path: Path) -> None:
+    """A mapping of a step's data file (``load(mmap=True)``'s views) made before retention deleted
+    the step keeps the bytes committed: the next step gets a new file, and the refused spare goes at
+    once, so the step deleted next is kept and written over again."""
+    store = LocalStore(tmp_path, create=True, recycle=True)
+    first = os.urandom(1 << 20)
+    _commit(store, 1, first)
+    _commit(store, 2, os.urandom(1 << 20))
+    with open(step_dir(tmp_path, 1) / DATA_NAME, "rb") as f:
+        region = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)  # (outlives the descriptor)
+    held = _inode(tmp_path, 1)
+    store.delete(1)
+    _commit(store, 3, os.urandom(1 << 20))  # as large: a file written over would not fail, only change
+    assert region[:] == first
+    assert _inode(tmp_path, 3) != held and _spares(tmp_path) == []
+    region.close()
+    taken = _inode(tmp_path, 2)
+    store.delete(2)
+    _commit(store, 4, b"four" * 1000)
+    assert _inode(tmp_path, 4) == taken  # recycling goes on once nothing holds the spare
+    store.close()
+
+
+def test_a_deleted_step_another_process_holds_open_is_never_written_over(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path, create=True, recycle=True)
+    first = os.urandom(1 << 20)
+    _commit(store, 1, first)
+    _commit(store, 2, b"two" * 1000)
+    reader = subprocess.Popen(  # opens the step's data file, says so, then reads it when told to
+        [sys.executable, "-c", "import sys; f = open(sys.argv[1], 'rb'); print('open', flush=True); "
+         "sys.stdin.readline(); sys.stdout.buffer.write(f.read())", str(step_dir(tmp_path, 1) / DATA_NAME)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert reader.stdout is not None and reader.stdout.readline() == b"open\n"
+        store.delete(1)
+        _commit(store, 3, os.urandom(1 << 20))
+        out, _ = reader.communicate(b"read\n", timeout=30)
+        assert out == first
+    finally:
+        stop(reader)
+    store.close()
+
+
+@pytest.mark.parametrize("kind", ["link", "foreign file"])
+def test_a_deleted_step_that_is_not_crashsafes_alone_is_removed_never_kept(tmp_path: Path, kind: str) -> None:
+    """A ``step_*`` that is a link, or a step holding a file crashsafe never writes, is removed by
+    its deletion as in a store that does not recycle (never left out of view: it would never be
+    cleaned, nor taken as the spare); the link's target is never touched."""
+    victim = make_victim(tmp_path / "victim")
+    where = tmp_path / "store"
+    store = LocalStore(where, create=True, recycle=True)
+    if kind == "link":
+        (where / step_name(5)).symlink_to(victim, target_is_directory=True)
+    else:
+        _commit(store, 5, b"five" * 1000)
+        (step_dir(where, 5) / "notes.txt").write_bytes(b"someone's")
+    store.delete(5)
+    assert sorted(p.name for p in where.iterdir()) == []
+    untouched(victim)
+    _commit(store, 6, b"six" * 1000)
+    store.delete(6)  # the next step deleted is the spare
+    assert len(_spares(where)) == 1
+    store.close()
+
+
+def test_a_refused_spare_is_removed_at_once_and_the_next_deleted_step_is_kept(tmp_path: Path) -> None:
+    victim = make_victim(tmp_path / "victim")
+    store = LocalStore(tmp_path / "store", create=True, recycle=True)
+    where = tmp_path / "store"
+    _commit(store, 1, b"one" * 1000)
+    _commit(store, 2, b"two" * 1000)
+    store.delete(1)
+    (spare,) = _spares(where)
+    (spare / DATA_NAME).unlink()
+    os.link(victim / "data.bin", spare / DATA_NAME)  # a hard link to a file elsewhere: refused
+    _commit(store, 3, b"three" * 1000)
+    assert _spares(where) == []  # its name removed, never its file
+    untouched(victim)
+    taken = _inode(where, 2)
+    store.delete(2)
+    _commit(store, 4, b"four" * 1000)
+    assert _inode(where, 4) == taken
     untouched(victim)
     store.close()

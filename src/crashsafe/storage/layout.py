@@ -29,6 +29,7 @@ __all__ = [
     "TMP_PREFIX",
     "TRASH_PREFIX",
     "committed_steps",
+    "is_own",
     "is_step_file",
     "leftovers",
     "parse_step_name",
@@ -87,10 +88,10 @@ def is_step_file(name: str) -> bool:
 
 def leftovers(root: LocalDir) -> list[str]:
     """Names of torn saves and half-deleted steps that crashsafe made, which a writer may remove."""
-    return sorted(n for n in root.names() if n.startswith((TMP_PREFIX, TRASH_PREFIX)) and _is_own(root, n))
+    return sorted(n for n in root.names() if n.startswith((TMP_PREFIX, TRASH_PREFIX)) and is_own(root, n))
 
 
-def _is_own(root: LocalDir, name: str) -> bool:
+def is_own(root: LocalDir, name: str) -> bool:
     """Whether ``name`` carries crashsafe's marker (the module's docstring): its name, and a directory
     (not a link) of regular files named as a step's files, nothing else."""
     match = _TMP.match(name) or _TRASH.match(name)

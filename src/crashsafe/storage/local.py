@@ -19,14 +19,18 @@ A store opened with ``recycle=True`` (the memory tier's, on a RAM disk) keeps th
 last, renamed out of view, as a spare, and the next draft writes over the spare's data file instead
 of a new one: a RAM disk allocates and zeroes every page of a new file, the costliest part of
 writing a step there. Only a step already renamed out of view is ever written over, never a
-committed one; a spare that is not a plain regular file of crashsafe's own (a link, a FIFO, a file
-with another name for it) is never written, only removed.
+committed one, and only a file no one else has open: a reader that opened or mapped the step before
+it was deleted (``load(mmap=True)``'s views, ``crashsafe verify``, in this process or another) keeps
+the bytes that were committed, as with a deleted file (Linux grants a write lease only on a file open
+nowhere else). A spare that is not a plain regular file of crashsafe's own (a link, a FIFO, a file
+with another name for it), or that a reader holds, is never written, only removed.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import os
 import secrets
 import stat
@@ -46,7 +50,7 @@ from crashsafe.errors import (
 )
 from crashsafe.format.manifest import MANIFEST_NAME
 from crashsafe.storage.base import Capabilities, Draft, Lock, Store, StoredFile, StoredStep
-from crashsafe.storage.layout import TMP_PREFIX, TRASH_PREFIX, committed_steps, leftovers, step_name
+from crashsafe.storage.layout import TMP_PREFIX, TRASH_PREFIX, committed_steps, is_own, leftovers, step_name
 from crashsafe.storage.localdir import LocalDir
 from crashsafe.storage.lock import WriterLock
 from crashsafe.storage.oserror import storage_error
@@ -78,6 +82,21 @@ def _writeback_starter() -> Callable[[int, int, int], None]:
 
 
 _start_writeback = _writeback_starter()
+_SETLEASE: int | None = getattr(fcntl, "F_SETLEASE", None) if sys.platform.startswith("linux") else None
+
+
+def _alone(fd: int) -> bool:
+    """Whether the file open on ``fd`` is open nowhere else: no other descriptor or mapping of it,
+    in any process (Linux grants a write lease only then). False where that cannot be told."""
+    if _SETLEASE is None:
+        return False
+    try:
+        fcntl.fcntl(fd, _SETLEASE, fcntl.F_WRLCK)
+    except OSError:  # EAGAIN: open elsewhere; EACCES, EINVAL: not ours, or leases are off
+        return False
+    with contextlib.suppress(OSError):
+        fcntl.fcntl(fd, _SETLEASE, fcntl.F_UNLCK)
+    return True
 
 
 def _fsync_together(fds: list[int]) -> None:
@@ -148,7 +167,8 @@ class LocalStore(Store):
         return _LocalDraft(self, step, attempt, part)
 
     def delete(self, step: int) -> None:
-        """Rename the step out of view, fsync, then remove it; a ``step_*`` that is a symlink loses
+        """Rename the step out of view, fsync, then remove it (a recycling store keeps it as its
+        spare if it has none and the step is crashsafe's alone); a ``step_*`` that is a symlink loses
         the link, never the files it points to."""
         root = self.root
         trash = f"{TRASH_PREFIX}{step_name(step)}-{secrets.token_hex(4)}"
@@ -161,7 +181,7 @@ class LocalStore(Store):
         except OSError as exc:
             raise storage_error(exc, f"deleting step {step} in {root.path}", root.is_current) from None
         faults.reached("after_trash_rename")
-        if keep:
+        if keep and is_own(root, trash):  # (a link, or a step holding someone's files: removed as ever)
             return
         try:
             root.remove(trash, after_first=lambda: faults.reached("mid_delete"))
@@ -305,12 +325,22 @@ class _LocalDraft(Draft):
 
     def _recycled(self) -> int | None:
         """The spare's data file (:meth:`LocalStore.spare`), moved into this draft and opened to be
-        written over, or None (no spare, or one that is not a regular file with one name: then it is
-        left to be removed as a leftover, never written)."""
-        assert self._dir is not None
+        written over, or None: no spare, or one that is not a regular file with one name or that
+        another open file (a reader, a mapping) still holds. The spare is removed either way: one
+        refused is never written, and does not stay to keep the next deleted step from being kept."""
         spare = self._store.spare()
         if spare is None:
             return None
+        fd = self._take(spare)
+        if fd is not None:
+            faults.reached("after_recycle")
+        with contextlib.suppress(OSError):
+            self._root.remove(spare, after_first=lambda: faults.reached("mid_delete"))
+        return fd
+
+    def _take(self, spare: str) -> int | None:
+        """The data file of ``spare``, moved into this draft, if it is crashsafe's alone (else None)."""
+        assert self._dir is not None
         try:
             with self._root.subdir(spare) as folder:
                 flags = os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # (a FIFO opens at once)
@@ -320,14 +350,14 @@ class _LocalDraft(Draft):
                     if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
                         raise OSError(f"{DATA_NAME} of {spare} is not crashsafe's alone")
                     os.rename(DATA_NAME, self._data, src_dir_fd=folder.fd, dst_dir_fd=self._dir.fd)
+                    if not _alone(fd):  # moved first: no reader can open it by its name any more
+                        os.unlink(self._data, dir_fd=self._dir.fd)  # (its readers keep it, as it is)
+                        raise OSError(f"{DATA_NAME} of {spare} is still open elsewhere")
                 except BaseException:
                     os.close(fd)
                     raise
         except (OSError, CrashsafeError):
             return None
-        faults.reached("after_recycle")
-        with contextlib.suppress(OSError):
-            self._root.remove(spare, after_first=lambda: faults.reached("mid_delete"))
         return fd
 
     def write(self, data: BytesLike) -> tuple[str, int]:

@@ -6,7 +6,8 @@ A mapped page that cannot be read (a disk error, a file truncated outside crashs
 process with SIGBUS when touched, so every range is populated first with ``MADV_POPULATE_READ``,
 which reports such errors as an OSError instead; where the kernel lacks it (Linux < 5.14), nothing
 is mapped and files are read with ``preadv``. Committed files are never truncated: retention
-deletes by unlinking, and a mapping stays readable after that.
+deletes by unlinking, and a mapping stays readable after that (a memory store writes its next step
+over a deleted step's file only when no descriptor or mapping of it is left: storage/local.py).
 
 Mapping needs a file descriptor, so only a local step maps (a :class:`StoredFile` with a
 ``fileno``): the very file the reader opened and checked, so a step deleted, or deleted and saved
