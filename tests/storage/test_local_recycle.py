@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -173,3 +174,46 @@ def test_a_refused_spare_is_removed_at_once_and_the_next_deleted_step_is_kept(tm
     assert _inode(where, 4) == taken
     untouched(victim)
     store.close()
+
+
+@pytest.mark.parametrize("kind", ["a link", "a directory as its data file", "someone's file in it"])
+def test_a_spare_that_is_not_crashsafes_is_never_taken_nor_removed(tmp_path: Path, kind: str) -> None:
+    """A ``.trash-`` entry that is not crashsafe's (layout.py: a link, a folder holding anything but
+    a step's regular files) is neither written over nor removed, and what it leads to is untouched."""
+    victim = make_victim(tmp_path / "victim")
+    where = tmp_path / "store"
+    store = LocalStore(where, create=True, recycle=True)
+    _commit(store, 1, b"one" * 1000)
+    store.delete(1)
+    (spare,) = _spares(where)
+    if kind == "a link":
+        shutil.rmtree(spare)
+        spare.symlink_to(victim, target_is_directory=True)
+    elif kind == "a directory as its data file":
+        (spare / DATA_NAME).unlink()
+        (spare / DATA_NAME).mkdir()
+    else:
+        (spare / "precious.txt").write_bytes(b"someone's")
+    within(10, lambda: _commit(store, 2, b"two" * 1000))
+    assert (step_dir(where, 2) / DATA_NAME).read_bytes() == b"two" * 1000
+    store.remove_leftovers(store.leftovers())
+    assert _spares(where) == [spare]
+    untouched(victim)
+    store.close()
+
+
+def test_a_store_that_does_not_recycle_never_writes_a_spare_and_its_writer_removes_it(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path, create=True, recycle=True)
+    one = os.urandom(1 << 16)
+    _commit(store, 1, one)
+    _commit(store, 2, b"two" * 1000)
+    store.delete(1)
+    store.close()
+    (spare,) = _spares(tmp_path)
+    plain = LocalStore(tmp_path)
+    _commit(plain, 3, b"three" * 1000)
+    assert (spare / DATA_NAME).read_bytes() == one
+    plain.remove_leftovers(plain.leftovers())  # as a writer does when it opens the store
+    assert _spares(tmp_path) == []
+    assert committed_steps(tmp_path) == [2, 3]
+    plain.close()
