@@ -95,6 +95,11 @@ def test_a_real_memory_tier_is_listed_and_verified(tmp_path: Path) -> None:
     }
     verified = invoke_here("verify", str(mem))
     assert verified.code == 0 and "all 2 part steps intact, in 1 part stores" in verified.out
+    alone = invoke_here("verify", str(mem / "rank_0"))  # the part store as a plain directory
+    assert alone.code == 0 and "torn save" not in alone.out, alone.out
+    assert f"{store['spare']} (a deleted step's files, or one a memory store keeps" in " ".join(
+        alone.out.split()
+    )
     assert check_json(invoke_here("verify", str(mem), "--json").out, "verify")["ok"]
 
 

@@ -21,7 +21,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
 from crashsafe.format.manifest import MAX_STEP
-from crashsafe.storage.layout import committed_steps, parse_step_name
+from crashsafe.storage.layout import TRASH_PREFIX, committed_steps, parse_step_name
 from crashsafe.storage.stores import is_url
 
 if TYPE_CHECKING:
@@ -41,6 +41,7 @@ __all__ = [
     "fail",
     "finish",
     "human_bytes",
+    "leftover_line",
     "locate",
     "memory_directory",
     "nested_store",
@@ -242,6 +243,17 @@ def progress_bar(label: str, counter: str, *, on: Console = err, transient: bool
         transient=transient,
         disable=not on.is_terminal,  # no bar, nor the blank line it leaves, in a log or a pipe
     )
+
+
+def leftover_line(name: str, where: str = "") -> Text:
+    """A leftover as ``verify`` prints it: a torn save, or a deleted step's files (one a memory
+    store keeps to write its next step over, docs/memory.md, looks the same)."""
+    what = (
+        "a deleted step's files, or one a memory store keeps to write its next step over; ignored"
+        if name.startswith(TRASH_PREFIX)
+        else "a torn save; ignored, cleaned by the next writer"
+    )
+    return Text.assemble(("leftover", "yellow"), f" {where}{name} ({what})")
 
 
 def human_bytes(n: float) -> str:

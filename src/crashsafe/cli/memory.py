@@ -26,6 +26,7 @@ from crashsafe.cli._common import (
     err,
     fail,
     human_bytes,
+    leftover_line,
     part_rank,
     progress_bar,
     report_json,
@@ -246,10 +247,7 @@ def _skipped(parts: list[PartStore]) -> None:
         if part.problem is not None:
             console.print(Text.assemble(("skipped", "yellow"), f" {part.name}: {part.problem}"))
         for name in part.leftovers:
-            console.print(
-                Text.assemble(("leftover", "yellow"), f" {part.name}/{name} (a torn save; ignored, "
-                              "cleaned by the next writer)")
-            )  # fmt: skip
+            console.print(leftover_line(name, f"{part.name}/"))
 
 
 def verify_memory(location: str, names: list[str], as_json: bool) -> None:

@@ -41,12 +41,15 @@ def inspect_cmd(
     from crashsafe.shelf.inspect import inspect_shelf
 
     try:
-        with Progress(TextColumn("[bold]verifying"), BarColumn(), DownloadColumn(), console=err,
-                      transient=True) as progress:
+        with Progress(
+            TextColumn("[bold]verifying"), BarColumn(), DownloadColumn(), console=err, transient=True
+        ) as progress:
             task = progress.add_task("verify", total=None)
-            report = inspect_shelf(path, verify=verify,
-                                   progress=lambda done, total: progress.update(task, completed=done,
-                                                                                total=total))
+            report = inspect_shelf(
+                path,
+                verify=verify,
+                progress=lambda done, total: progress.update(task, completed=done, total=total),
+            )
     except CrashsafeError as exc:
         raise fail(str(exc)) from None
     # names and values are the shelf's (anyone's): shown as Text, never read as markup ("a[/]b")
@@ -61,29 +64,48 @@ def inspect_cmd(
         table.add_row(Text(v.name), v.kind, v.dtype, shape, size, str(v.version), value, status)
     console.print(table)
     tx = report.last_transaction
-    console.print(Text(f"arena {human_bytes(report.size)}: {human_bytes(report.used)} of "
-                  f"{human_bytes(report.data_bytes)} data in use by {len(report.variables)} variables"))
-    console.print(Text(f"last committed transaction: #{tx.get('seq', '?')} at {_when(tx.get('time'))}; "
-                  f"changed {tx.get('changed', [])}, deleted {tx.get('deleted', [])}  "
-                  f"(metadata seq {report.seq}; other copy: {report.spare_slot})"))
+    console.print(
+        Text(
+            f"arena {human_bytes(report.size)}: {human_bytes(report.used)} of "
+            f"{human_bytes(report.data_bytes)} data in use by {len(report.variables)} variables"
+        )
+    )
+    console.print(
+        Text(
+            f"last committed transaction: #{tx.get('seq', '?')} at {_when(tx.get('time'))}; "
+            f"changed {tx.get('changed', [])}, deleted {tx.get('deleted', [])}  "
+            f"(metadata seq {report.seq}; other copy: {report.spare_slot})"
+        )
+    )
     if report.loop:
-        console.print(Text(f"loop over {list(report.loop)}: each array has a spare block; its commits are "
-                           "loop records"))
+        console.print(
+            Text(f"loop over {list(report.loop)}: each array has a spare block; its commits are loop records")
+        )
     if report.last_rollback:
         rb = report.last_rollback
-        console.print(Text(f"last rollback: transaction #{rb.get('tx')} at {_when(rb.get('time'))} "
-                           f"({rb.get('reason')}); restored in place: {rb.get('restored')}"))
+        console.print(
+            Text(
+                f"last rollback: transaction #{rb.get('tx')} at {_when(rb.get('time'))} "
+                f"({rb.get('reason')}); restored in place: {rb.get('restored')}"
+            )
+        )
     if report.pending:
-        console.print(f"[yellow]incomplete transaction #{report.pending.seq}[/] (began "
-                      f"{_when(report.pending.started)}, {len(report.pending.undo)} blocks overwritten "
-                      "in place): the next Shelf(path) rolls it back")
+        console.print(
+            f"[yellow]incomplete transaction #{report.pending.seq}[/] (began "
+            f"{_when(report.pending.started)}, {len(report.pending.undo)} blocks overwritten "
+            "in place): the next Shelf(path) rolls it back"
+        )
     if report.lost:
         first, last = report.lost
-        err.print(f"[bold red]committed loop transactions #{first}..#{last} are lost[/]: the loop's newest "
-                  f"record is damaged, so the shelf holds #{first - 1}. Restore the file from a copy, or "
-                  "run those iterations again")
+        err.print(
+            f"[bold red]committed loop transactions #{first}..#{last} are lost[/]: the loop's newest "
+            f"record is damaged, so the shelf holds #{first - 1}. Restore the file from a copy, or "
+            "run those iterations again"
+        )
     if report.damaged:
-        err.print(f"[bold red]{len(report.damaged)} variable(s) fail their checksums:[/] "
-                  f"{escape(', '.join(report.damaged))}. Restore the file from a copy.")
+        err.print(
+            f"[bold red]{len(report.damaged)} variable(s) fail their checksums:[/] "
+            f"{escape(', '.join(report.damaged))}. Restore the file from a copy."
+        )
     if report.damaged or report.lost:
         raise typer.Exit(1)

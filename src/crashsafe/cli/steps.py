@@ -22,6 +22,7 @@ from crashsafe.cli._common import (
     fail,
     finish,
     human_bytes,
+    leftover_line,
     locate,
     memory_directory,
     nested_store,
@@ -238,11 +239,7 @@ def verify_cmd(directory: Dir, storage_options: OptionsOpt = None, as_json: Json
             else:
                 console.print(Text.assemble(("DAMAGED", "red"), f" step {r.step}: {r.problem}"))
         for name in report.leftovers:
-            console.print(
-                Text.assemble(
-                    ("leftover", "yellow"), f" {name} (a torn save; ignored, cleaned by the next writer)"
-                )
-            )
+            console.print(leftover_line(name))
     if bad:
         intact = [r.step for r in reports if r.ok]
         if intact:
