@@ -6,9 +6,9 @@ MEMORY MODE. MODE "save": saves steps 1 to 3 (x = 10 * step + rank), nothing per
 import sys
 from pathlib import Path
 
-import numpy as np
 import torch.distributed as dist
 from leaving import leave
+from memory_pair import save_or_restore
 
 import crashsafe as cs
 import crashsafe.distributed.peers as peers
@@ -22,14 +22,5 @@ if mode == "restore" and rank == 1:
     sending = peers._Sending._read
     mine = LocalStore(memory / "b" / "rank_1")
     peers._Sending._read = lambda self, store: sending(self, mine)  # type: ignore[method-assign]
-with cs.CheckpointManager(disk, memory=tier, coordination_timeout=30) as mgr:
-    if mode == "save":
-        for step in (1, 2, 3):
-            mgr.save(step, {"x": np.full(100, 10.0 * step + rank), "step": step})
-    else:
-        state = {"x": np.zeros(100), "step": 0}
-        try:
-            print(f"restored {mgr.restore(state)} {state['x'][0]}", flush=True)
-        except cs.CrashsafeError as exc:
-            print(f"{type(exc).__name__}: {exc}".replace("\n", " "), flush=True)
+save_or_restore(disk, tier, mode)
 leave()

@@ -6,9 +6,9 @@ flipped). Each rank prints "restored STEP X0" or the error restore raised."""
 import sys
 from pathlib import Path
 
-import numpy as np
 import torch.distributed as dist
 from leaving import leave
+from memory_pair import save_or_restore
 
 import crashsafe as cs
 import crashsafe.recovery as recovery
@@ -31,14 +31,5 @@ if mode == "restore" and rank == 0:
         return source
 
     recovery._pull = damaging
-with cs.CheckpointManager(disk, memory=tier, coordination_timeout=30) as mgr:
-    if mode == "save":
-        for step in (1, 2, 3):
-            mgr.save(step, {"x": np.full(100, 10.0 * step + rank), "step": step})
-    else:
-        state = {"x": np.zeros(100), "step": 0}
-        try:
-            print(f"restored {mgr.restore(state)} {state['x'][0]}", flush=True)
-        except cs.CrashsafeError as exc:
-            print(f"{type(exc).__name__}: {exc}".replace("\n", " "), flush=True)
+save_or_restore(disk, tier, mode)
 leave()
