@@ -60,9 +60,9 @@ class SilentEndpoint:
                 threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
 
     def count(self, expected: int) -> int:
-        """The connections accepted, once ``expected`` are (or 2 s went by): a connection the kernel
-        completed may reach the accepting thread a moment after the client gave up on it."""
-        deadline = time.monotonic() + 2
+        """The connections accepted, once ``expected`` are (or 10 s went by): a connection the kernel
+        completed may reach the accepting thread a while after the client gave up on it."""
+        deadline = time.monotonic() + 10
         while len(self.accepted) < expected and time.monotonic() < deadline:
             time.sleep(0.01)
         return len(self.accepted)

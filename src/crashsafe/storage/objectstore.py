@@ -75,6 +75,10 @@ class FsspecStore(Store):
         self.is_s3 = bool(protocols & {"s3", "s3a"})
         if self.is_s3:
             self.fs.retries = 1  # s3fs's own retry loop: crashsafe's is the one (bounds.py)
+            # The client is made before the first request, outside any request's deadline: it is local
+            # work (0.2-0.5 s of CPU parsing the service model; any credential lookup has botocore's
+            # own time-outs) that on a loaded machine ate a request's whole deadline before it began.
+            with_retries(self.fs.connect, f"making the S3 client ({self.where})", self.bounds.attempts)
         self.capabilities = Capabilities(
             atomic_rename=False, conditional_put=bool(protocols & _ATOMIC_CREATE), durable_fsync=False
         )
