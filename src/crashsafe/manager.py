@@ -176,6 +176,7 @@ class CheckpointManager:
         self._tiers.check(f"saving step {step}")
         cleaned = clean_metrics(metrics)
         checked = bool(self._pending.stats)  # a save committed: the state's layout was checked in full
+        allocated = self._pool.allocating if self._pool is not None else 0.0
         replicas, watch, memory = self._collective.replicas, self._planner.watch, self._memory
         persistent = memory is None or memory.due() or self._sigterm.arrived  # else a memory save only
         snapshot, planned = take_snapshot(state, store, self._pool, replicas, watch, checked, bool(memory))
@@ -183,10 +184,13 @@ class CheckpointManager:
         if persistent and self._collective.committed(store, step, planned, known):
             self._replace_damaged(step)
         stall = time.perf_counter() - begin
+        setup = self._pool.allocating - allocated if self._pool is not None else 0.0
         self._pacing.stalled(stall)
         self._pacing.saved(step)
 
-        persist = functools.partial(self._persist, store, step, planned, snapshot, cleaned, stall, persistent)
+        persist = functools.partial(
+            self._persist, store, step, planned, snapshot, cleaned, (stall, setup), persistent
+        )
         self._pacing.stalled(self._pending.start(step, persist, begin))  # sync: it waited for the commit too
         if self._sigterm.arrived:
             self._exit_after_preemption()
@@ -240,10 +244,11 @@ class CheckpointManager:
 
     def _persist(
         self, store: Store, step: int, planned: Listing, snapshot: Callable[[], Snapshot],
-        metrics: dict[str, Any], stall: float, persistent: bool,
+        metrics: dict[str, Any], stall: tuple[float, float], persistent: bool,
     ) -> SaveStats:  # fmt: skip
         """Write and commit a save (``planned``: what the ranks agreed, or PLAN_LATER): to the memory
-        tier first if there is one, then (``persistent``) to the store; then retention."""
+        tier first if there is one, then (``persistent``) to the store; then retention. ``stall``:
+        the save call's stall, and the part of it that allocated staging."""
         begin = time.perf_counter()
         info = {"crashsafe": _VERSION}
         tree, leaves, arrays = snapshot()
@@ -252,7 +257,7 @@ class CheckpointManager:
             kept, persistent = self._memory.save(step, tree, leaves, arrays, metrics, info, persistent)
             if not persistent:
                 taken = time.perf_counter() - begin
-                return SaveStats(step, stall, taken, kept.raw_nbytes, kept.stored_nbytes)
+                return SaveStats(step, stall[0], taken, kept.raw_nbytes, kept.stored_nbytes, stall[1])
         manifest, listed = save_step(
             self._collective.replicas, store, self._planner, step, planned, tree, leaves, arrays,
             metrics, info, self._replace_damaged,
@@ -262,7 +267,7 @@ class CheckpointManager:
         self._tiers.committed(manifest)
         if self._collective.leader:
             self._tiers.retain_after(step)
-        return SaveStats(step, stall, persisted, manifest.raw_nbytes, manifest.stored_nbytes)
+        return SaveStats(step, stall[0], persisted, manifest.raw_nbytes, manifest.stored_nbytes, stall[1])
 
     def delete(self, steps: Sequence[int]) -> None:
         """Delete committed ``steps`` crash-safely (each is renamed out of view, then removed);

@@ -1,5 +1,8 @@
 """What a save policy decides on, as a manager measures it: training time (wall time less the time
-saves stalled training), the last save, and the measured cost of recent saves."""
+saves stalled training), the last save, and the measured cost of recent saves: the stall each
+would pay again, without the one-time allocation of staging buffers (a first save's stall was
+mostly that: 40 times a later one's, which made a cost-based policy's first intervals after every
+start several times too long)."""
 
 from __future__ import annotations
 
@@ -41,7 +44,7 @@ class Pacing:
             train_time=self.train_time(),
             last_save_step=self.last_save[0] if self.last_save else None,
             last_save_train_time=self.last_save[1] if self.last_save else None,
-            stall=sum(s.stall for s in recent) / len(recent) if recent else None,
+            stall=sum(s.recurring_stall for s in recent) / len(recent) if recent else None,
             persist=sum(s.persist for s in recent) / len(recent) if recent else None,
             saves=len(stats),
             metrics=dict(metrics or {}),

@@ -25,13 +25,21 @@ Snapshot = tuple[dict[str, Any], list[ArrayLeaf], Iterable[Staged]]  # tree, lea
 
 @dataclass(frozen=True)
 class SaveStats:
-    """Measured cost of one committed save (seconds and bytes)."""
+    """Measured cost of one committed save (seconds and bytes). ``setup``: the part of ``stall``
+    spent allocating staging buffers, which a save pays once per buffer (the first save of a
+    process, or a tensor that changed shape), not every time."""
 
     step: int
     stall: float
     persist: float
     raw_bytes: int
     stored_bytes: int
+    setup: float = 0.0
+
+    @property
+    def recurring_stall(self) -> float:
+        """The stall a save of the same state pays again: ``stall`` less the one-time ``setup``."""
+        return max(0.0, self.stall - self.setup)
 
 
 def take_snapshot(

@@ -12,6 +12,7 @@ device-memory speed), and the background writer pins its buffer and copies it do
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,6 +76,7 @@ class StagingPool:
         self._watch: ChangeWatch | None = None  # this snapshot's: what it need not copy
         self.unchanged: dict[str, Unchanged] = {}  # this snapshot's tensors it did not copy
         self._warned = False
+        self.allocating = 0.0  # seconds spent allocating buffers, in all: paid once per buffer
 
     @property
     def nbytes(self) -> int:
@@ -233,10 +235,12 @@ class StagingPool:
         if buffer is None and slot is not None and slot.buffer.nbytes == leaf.nbytes:
             buffer = (slot.buffer, slot.pinned)
         self._drop(leaf.path)
+        began = time.perf_counter()
         if buffer is None and is_cuda(leaf.source) and self._may_pin(pinned_size(leaf.nbytes)):
             buffer = (pinned_buffer(leaf.nbytes).numpy(), pinned_size(leaf.nbytes))
         if buffer is None:
             buffer = (alloc_bytes(leaf.nbytes, prefault=True), 0)
+        self.allocating += time.perf_counter() - began
         typed = buffer[0].view(storage_dtype(leaf.dtype)).reshape(leaf.shape)
         tensor = None
         if leaf.kind == "torch" and leaf.nbytes:
@@ -255,7 +259,9 @@ class StagingPool:
         total = sum(aligned)
         if total == 0 or not self._may_pin(pinned_size(total)):
             return [None] * len(leaves)
+        began = time.perf_counter()
         arena = pinned_buffer(total).numpy()
+        self.allocating += time.perf_counter() - began
         share = pinned_size(total) / total
         buffers: list[tuple[np.ndarray[Any, Any], int] | None] = []
         at = 0
