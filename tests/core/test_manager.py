@@ -261,8 +261,10 @@ def tiny_disk(tmp_path: Path) -> Any:
     )
     if result.returncode != 0:
         pytest.skip("a real full disk needs a tiny tmpfs, and mounting one needs root")
-    yield mount
-    subprocess.run(["umount", str(mount)], check=True)
+    try:
+        yield mount
+    finally:  # lazily: a failed test's open files must not leave the mount behind (it outlived runs)
+        subprocess.run(["umount", "--lazy", str(mount)], check=True)
 
 
 @pytest.mark.parametrize("async_save", [True, False])
