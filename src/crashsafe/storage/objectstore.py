@@ -75,10 +75,7 @@ class FsspecStore(Store):
         self.is_s3 = bool(protocols & {"s3", "s3a"})
         if self.is_s3:
             self.fs.retries = 1  # s3fs's own retry loop: crashsafe's is the one (bounds.py)
-            # The client is made before the first request, outside any request's deadline: it is local
-            # work (0.2-0.5 s of CPU parsing the service model; any credential lookup has botocore's
-            # own time-outs) that on a loaded machine ate a request's whole deadline before it began.
-            with_retries(self.fs.connect, f"making the S3 client ({self.where})", self.bounds.attempts)
+        self._client_made = not self.is_s3  # S3's is made before the first request (_make_client)
         self.capabilities = Capabilities(
             atomic_rename=False, conditional_put=bool(protocols & _ATOMIC_CREATE), durable_fsync=False
         )
@@ -107,12 +104,15 @@ class FsspecStore(Store):
     def background(self) -> Store:
         """The same location through an S3 client whose requests run on an event loop of its own,
         started by the calling thread (so at its CPU priority): the mirror's uploads then yield the
-        cores to training. Other backends: this store."""
+        cores to training. Other backends: this store. Its client is its own, never fsspec's cached
+        one: the cache told loops apart by their text, the same for every running loop, and handed the
+        next background store a client on a loop that had been stopped."""
         if not self.is_s3:
             return self
         io = IOLoop("crashsafe-background-io")
         try:
-            store = FsspecStore(self.location, {**self._options, "loop": io.loop})
+            own = {**self._options, "loop": io.loop, "skip_instance_cache": True}
+            store = FsspecStore(self.location, own)
         except BaseException:
             io.stop()
             raise
@@ -140,8 +140,22 @@ class FsspecStore(Store):
         """``self.fs.<method>(*args, **kwargs)`` with retries, each attempt within its deadline for
         about ``nbytes`` moved (:mod:`crashsafe.storage.bounds`); an error names ``what`` was done,
         the location and its endpoint."""
+        self._make_client()
         call = within(getattr(self.fs, method), self.bounds.deadline(nbytes))
         return with_retries(lambda: call(*args, **kwargs), f"{what} ({self.where})", self.bounds.attempts)
+
+    def _make_client(self) -> None:
+        """Make the S3 client before the first request, within an attempt's deadline of its own: its
+        0.2-0.5 s of CPU ate a request's deadline on a loaded machine, and its credential lookup (a
+        credential_process, a container or instance metadata endpoint, which no time-out bounds against
+        a trickle) may never end. Not in the constructor: opening a store makes no request (a mirror
+        that does not answer is opened and left for later)."""
+        if self._client_made:
+            return
+        connect = within(self.fs.connect, self.bounds.deadline())
+        what = f"making the S3 client and finding its credentials ({self.where})"
+        with_retries(connect, what, self.bounds.attempts)
+        self._client_made = True
 
     def _objects(self) -> list[str]:
         """Keys below the root, relative to it, at most two levels deep (step_<n>/<file>). One flat
