@@ -257,6 +257,29 @@ def test_a_mirror_whose_credentials_do_not_come_never_stops_training(
     assert cs.CheckpointManager(tmp_path / "local", read_only=True).steps() == [1]
 
 
+def test_options_the_s3_client_refuses_fail_naming_the_endpoint_and_what_to_check() -> None:
+    """Options that botocore refuses as the client is made (an unknown config key, a malformed
+    endpoint_url, a missing profile) said only botocore's words: the error names the endpoint and
+    the options to check, at once (no retries), for the API and the CLI."""
+    client = {"endpoint_url": "http://127.0.0.1:9", "region_name": "us-east-1"}
+    bad_ones: list[dict[str, Any]] = [
+        {"key": "k", "secret": "s", "client_kwargs": client, "config_kwargs": {"no_such_option": 1}},
+        {"key": "k", "secret": "s", "client_kwargs": {"endpoint_url": "http://[::1"}},
+        {"profile": "no-such-profile", "client_kwargs": client},
+    ]
+    for bad in bad_ones:
+        where = bad["client_kwargs"]["endpoint_url"]
+        with pytest.raises(cs.StorageError, match=r"making the S3 client") as caught:
+            cs.CheckpointManager("s3://bucket/run", storage_options=bad, read_only=True)
+        message = str(caught.value)
+        assert where in message and "failed once" not in message, message
+        assert "Check storage_options" in message and "nothing was read or written" in message, message
+    options = json.dumps(bad_ones[0])
+    result = runner.invoke(app, ["ls", "s3://bucket/run", "--storage-options", options])
+    output = " ".join(result.output.split())
+    assert result.exit_code == 2 and "Check storage_options" in output, result.output
+
+
 def test_the_bounds_are_botocores_own_options_and_refuse_no_bound() -> None:
     """Time-outs and attempts are botocore's ``config_kwargs``; crashsafe does the retrying (one
     request per attempt); a time-out that is not a positive number is refused (no bound)."""

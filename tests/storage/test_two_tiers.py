@@ -64,7 +64,8 @@ def test_a_second_manager_with_the_same_mirror_uploads_through_a_live_loop(
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for step in (1, 2):
-            with cs.CheckpointManager(tmp_path / f"local-{step}", mirror=mirror, storage_options=shared) as mgr:
+            local = tmp_path / f"local-{step}"
+            with cs.CheckpointManager(local, mirror=mirror, storage_options=shared) as mgr:
                 mgr.save(step, _state(step))
                 assert mgr.wait_mirror(timeout=60)
     assert not [str(w.message) for w in caught if issubclass(w.category, cs.MirrorWarning)]
