@@ -176,7 +176,8 @@ class CheckpointManager:
         self._tiers.check(f"saving step {step}")
         cleaned = clean_metrics(metrics)
         checked = bool(self._pending.stats)  # a save committed: the state's layout was checked in full
-        allocated = self._pool.allocating if self._pool is not None else 0.0
+        if self._pool is not None:
+            self._pool.begin_save()  # (what this save allocates, as one-time setup: SaveStats.setup)
         replicas, watch, memory = self._collective.replicas, self._planner.watch, self._memory
         persistent = memory is None or memory.due() or self._sigterm.arrived  # else a memory save only
         snapshot, planned = take_snapshot(state, store, self._pool, replicas, watch, checked, bool(memory))
@@ -184,7 +185,7 @@ class CheckpointManager:
         if persistent and self._collective.committed(store, step, planned, known):
             self._replace_damaged(step)
         stall = time.perf_counter() - begin
-        setup = self._pool.allocating - allocated if self._pool is not None else 0.0
+        setup = self._pool.setup if self._pool is not None else 0.0
         self._pacing.stalled(stall)
         self._pacing.saved(step)
 

@@ -26,8 +26,9 @@ Snapshot = tuple[dict[str, Any], list[ArrayLeaf], Iterable[Staged]]  # tree, lea
 @dataclass(frozen=True)
 class SaveStats:
     """Measured cost of one committed save (seconds and bytes). ``setup``: the part of ``stall``
-    spent allocating staging buffers, which a save pays once per buffer (the first save of a
-    process, or a tensor that changed shape), not every time."""
+    spent allocating staging buffers that later saves do not pay again: a process's first save's,
+    or one after a save that allocated none (a tensor that changed shape once); after a save that
+    allocated too (shapes that change at every save), allocating recurs and is no setup."""
 
     step: int
     stall: float

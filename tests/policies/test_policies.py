@@ -171,6 +171,26 @@ def test_a_policy_is_not_charged_the_staging_buffers_a_first_save_allocates(tmp_
 
 
 @pytest.mark.timeout(60)
+def test_staging_a_state_whose_shapes_change_at_every_save_allocates_is_charged_every_save(
+    tmp_path: Path,
+) -> None:
+    """A tensor that changes shape at every save (a growing buffer) gets new staging at every save:
+    counted as one-time setup, that cost was left out of every save, and a policy saw a fraction of
+    the stall each save paid (a cost-based policy then saves too often). An allocation recurs when
+    the save before also allocated: only the first save's, or one after a save that allocated none,
+    is setup."""
+    with cs.CheckpointManager(tmp_path / "ck") as mgr:
+        for step in range(1, 6):
+            mgr.save(step, {"w": np.ones(2**20 + step * 4096), "step": step})  # a new shape each save
+            mgr.wait()
+        first, *later = mgr.stats
+        assert first.setup > 0  # the first buffers: once
+        for s in later:
+            assert s.setup == 0.0 and s.recurring_stall == s.stall, s
+        assert mgr.context(6).stall == pytest.approx(sum(s.recurring_stall for s in mgr.stats) / 5)
+
+
+@pytest.mark.timeout(60)
 def test_policy_in_the_state_keeps_its_clock_and_cost_across_restarts(tmp_path: Path) -> None:
     first = Daly(mtbf=2.0)
     state = {"w": np.zeros(1000), "step": 0, "policy": first}

@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 import tomllib
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -194,6 +195,89 @@ def test_an_unreachable_endpoint_fails_at_once_and_a_read_claims_nothing_of_comm
         assert f"127.0.0.1:{port}" in output and "failed 5 times" in output, output
         assert "refused the connection" in output and "does not exist" not in output, output
         assert "committed" not in output, output
+
+
+@pytest.fixture
+def credentials_trickle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[SilentEndpoint]:
+    """No credentials but a container credentials endpoint on 127.0.0.1 that trickles its headers
+    (a hung ECS/EKS credentials agent): botocore's 2 s read time-out for it never trips."""
+    endpoint = SilentEndpoint("headers")
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_CONTAINER_CREDENTIALS_FULL_URI", f"http://127.0.0.1:{endpoint.port}/credentials")
+    try:
+        yield endpoint
+    finally:
+        endpoint.close()
+
+
+def _without_keys(options: dict[str, Any], **config: Any) -> dict[str, Any]:
+    """``options`` whose credentials are looked up by botocore, bounded by ``config``."""
+    found = {k: v for k, v in options.items() if k not in ("key", "secret")}
+    return {**found, "config_kwargs": config}
+
+
+@pytest.mark.timeout(60)
+def test_a_credential_lookup_that_never_ends_fails_within_the_attempts_deadline(
+    credentials_trickle: SilentEndpoint, options: dict[str, Any]
+) -> None:
+    """Making the S3 client looks its credentials up (a credential_process, a container or instance
+    metadata endpoint): made in the store's constructor with no deadline, it held a reader, the CLI
+    and a writer forever. It has an attempt's deadline of its own, outside any request's."""
+    bounded = _without_keys(options, attempt_timeout=1, retries={"total_max_attempts": 2})
+    endpoint = options["client_kwargs"]["endpoint_url"].removeprefix("http://")
+    started = time.monotonic()
+    with pytest.raises(cs.StorageError, match=f"making the S3 client.*{endpoint}.*failed 2 times.*deadline"):
+        cs.CheckpointManager("s3://bucket/run", storage_options=bounded, read_only=True)
+    result = runner.invoke(app, ["ls", "s3://bucket/run", "--storage-options", json.dumps(bounded)])
+    assert result.exit_code == 2 and endpoint in " ".join(result.output.split()), result.output
+    assert time.monotonic() - started < 30
+    assert credentials_trickle.count(4) == 4  # the lookup was tried, once an attempt
+
+
+@pytest.mark.timeout(60)
+def test_a_mirror_whose_credentials_do_not_come_never_stops_training(
+    tmp_path: Path, bucket: str, options: dict[str, Any], credentials_trickle: SilentEndpoint
+) -> None:
+    """A mirror that does not answer when the manager opens is opened without a request and left
+    for later; opening it again made its client (its credentials looked up), so a credentials
+    agent that did not answer hung the manager's open. It opens with a MirrorWarning and saves."""
+    bounded = _without_keys(options, attempt_timeout=1, retries={"total_max_attempts": 1})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mirror = f"s3://{bucket}/run"
+        with cs.CheckpointManager(tmp_path / "local", mirror=mirror, storage_options=bounded) as mgr:
+            mgr.save(1, {"w": np.arange(4.0)})
+            mgr.wait()
+    said = [str(w.message) for w in caught if issubclass(w.category, cs.MirrorWarning)]
+    assert any("cannot be reached" in m and "Training goes on without it" in m for m in said), said
+    assert cs.CheckpointManager(tmp_path / "local", read_only=True).steps() == [1]
+
+
+def test_options_the_s3_client_refuses_fail_naming_the_endpoint_and_what_to_check() -> None:
+    """Options that botocore refuses as the client is made (an unknown config key, a malformed
+    endpoint_url, a missing profile) said only botocore's words: the error names the endpoint and
+    the options to check, at once (no retries), for the API and the CLI."""
+    client = {"endpoint_url": "http://127.0.0.1:9", "region_name": "us-east-1"}
+    bad_ones: list[dict[str, Any]] = [
+        {"key": "k", "secret": "s", "client_kwargs": client, "config_kwargs": {"no_such_option": 1}},
+        {"key": "k", "secret": "s", "client_kwargs": {"endpoint_url": "http://[::1"}},
+        {"profile": "no-such-profile", "client_kwargs": client},
+    ]
+    for bad in bad_ones:
+        where = bad["client_kwargs"]["endpoint_url"]
+        with pytest.raises(cs.StorageError, match=r"making the S3 client") as caught:
+            cs.CheckpointManager("s3://bucket/run", storage_options=bad, read_only=True)
+        message = str(caught.value)
+        assert where in message and "failed once" not in message, message
+        assert "Check storage_options" in message and "nothing was read or written" in message, message
+    options = json.dumps(bad_ones[0])
+    result = runner.invoke(app, ["ls", "s3://bucket/run", "--storage-options", options])
+    output = " ".join(result.output.split())
+    assert result.exit_code == 2 and "Check storage_options" in output, result.output
 
 
 def test_the_bounds_are_botocores_own_options_and_refuse_no_bound() -> None:

@@ -52,6 +52,26 @@ def test_every_step_reaches_the_mirror_and_each_tier_keeps_its_own(
         _is(remote.load(step), step)
 
 
+def test_a_second_manager_with_the_same_mirror_uploads_through_a_live_loop(
+    tmp_path: Path, bucket: str, options: dict[str, Any]
+) -> None:
+    """The mirror uploads through a client on an event loop of its own, stopped when it closes.
+    fsspec's instance cache keyed that client by the loop's text, the same for every running loop:
+    the next manager in the process got the first one's client on its stopped loop, and every
+    upload failed ("Loop is not running"). Each mirror now gets a client of its own."""
+    shared = {k: v for k, v in options.items() if k != "skip_instance_cache"}  # (as users pass them)
+    mirror = f"s3://{bucket}/run"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in (1, 2):
+            local = tmp_path / f"local-{step}"
+            with cs.CheckpointManager(local, mirror=mirror, storage_options=shared) as mgr:
+                mgr.save(step, _state(step))
+                assert mgr.wait_mirror(timeout=60)
+    assert not [str(w.message) for w in caught if issubclass(w.category, cs.MirrorWarning)]
+    assert cs.CheckpointManager(mirror, storage_options=options, read_only=True).steps() == [1, 2]
+
+
 def test_a_new_machine_with_an_empty_directory_resumes_from_the_mirror(
     tmp_path: Path, bucket: str, options: dict[str, Any]
 ) -> None:

@@ -3,7 +3,8 @@
 :func:`run_field` trains the digits CNN (``crashsafe.sim.fieldtrainer``) under one policy while a
 supervisor SIGKILLs it at exponentially distributed wall-clock gaps (seeded) and restarts it at once;
 it measures wall time, lost steps, checkpoint costs and restart times. :func:`forecast` feeds those
-measurements (the run's own loss curve, step time, stall, persist, restart) to the simulator, twice:
+measurements (the run's own loss curve, step time, stall as its policy saw it, persist, restart
+with the one-time staging setup of each process) to the simulator, twice:
 replaying the very kill times of the run (one deterministic trial), and under Poisson failures of
 the same MTBF (many trials, giving the spread a single run should fall in).
 """
@@ -125,10 +126,14 @@ def run_field(
 def forecast(run: FieldRun, *, trials: int = 1000, seed: int = 0) -> Forecast:
     """Simulate ``run`` from its own measurements: its kill times, and Poisson failures at its MTBF."""
     committed = run.of("committed")
-    stall = float(np.mean([e["stall"] for e in committed])) if committed else 0.0
+    # the run's policy saw each stall less its one-time setup (SaveStats.recurring_stall); a process
+    # pays the setup once, as it pays its restart
+    setups = [e.get("setup", 0.0) for e in committed]
+    recurring = [e["stall"] - setup for e, setup in zip(committed, setups, strict=True)]
+    stall = float(np.mean(recurring)) if committed else 0.0
     persist = float(np.mean([e["persist"] for e in committed])) if committed else 0.0
     restarts = run.restarts
-    restart = float(np.mean(restarts)) if restarts else 0.0
+    restart = float(np.mean(restarts)) + sum(setups) / len(restarts) if restarts else 0.0
     profile = Profile(run.curve, run.step_time, stall, persist, restart)
     policy = policy_from_name(run.policy, mtbf=run.mtbf)
     end = FixedSteps(run.steps)

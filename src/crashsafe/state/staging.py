@@ -76,7 +76,23 @@ class StagingPool:
         self._watch: ChangeWatch | None = None  # this snapshot's: what it need not copy
         self.unchanged: dict[str, Unchanged] = {}  # this snapshot's tensors it did not copy
         self._warned = False
-        self.allocating = 0.0  # seconds spent allocating buffers, in all: paid once per buffer
+        self.allocating = 0.0  # seconds spent allocating buffers, in all
+        self.allocations = 0  # buffers allocated, in all
+        self._save_began = (0.0, 0)  # allocating and allocations as the current save began
+        self._recurs = False  # the save before allocated too: this one's allocations recur
+
+    def begin_save(self) -> None:
+        """A save starts (the one before finished, its background part included): whether that one
+        allocated buffers decides whether this one's allocations are one-time :attr:`setup`."""
+        self._recurs = self.allocations > self._save_began[1]
+        self._save_began = (self.allocating, self.allocations)
+
+    @property
+    def setup(self) -> float:
+        """Seconds the current save spent allocating buffers, if that is one-time: the first save's, or
+        one after a save that allocated none (a tensor that changed shape once). A save after one that
+        allocated too (shapes that change at every save) pays it again: none of it is setup."""
+        return 0.0 if self._recurs else self.allocating - self._save_began[0]
 
     @property
     def nbytes(self) -> int:
@@ -235,12 +251,14 @@ class StagingPool:
         if buffer is None and slot is not None and slot.buffer.nbytes == leaf.nbytes:
             buffer = (slot.buffer, slot.pinned)
         self._drop(leaf.path)
-        began = time.perf_counter()
-        if buffer is None and is_cuda(leaf.source) and self._may_pin(pinned_size(leaf.nbytes)):
-            buffer = (pinned_buffer(leaf.nbytes).numpy(), pinned_size(leaf.nbytes))
         if buffer is None:
-            buffer = (alloc_bytes(leaf.nbytes, prefault=True), 0)
-        self.allocating += time.perf_counter() - began
+            began = time.perf_counter()
+            if is_cuda(leaf.source) and self._may_pin(pinned_size(leaf.nbytes)):
+                buffer = (pinned_buffer(leaf.nbytes).numpy(), pinned_size(leaf.nbytes))
+            else:
+                buffer = (alloc_bytes(leaf.nbytes, prefault=True), 0)
+            self.allocating += time.perf_counter() - began
+            self.allocations += 1
         typed = buffer[0].view(storage_dtype(leaf.dtype)).reshape(leaf.shape)
         tensor = None
         if leaf.kind == "torch" and leaf.nbytes:
@@ -262,6 +280,7 @@ class StagingPool:
         began = time.perf_counter()
         arena = pinned_buffer(total).numpy()
         self.allocating += time.perf_counter() - began
+        self.allocations += 1
         share = pinned_size(total) / total
         buffers: list[tuple[np.ndarray[Any, Any], int] | None] = []
         at = 0

@@ -27,9 +27,9 @@ from typing import Any
 from fsspec.exceptions import FSTimeoutError
 
 from crashsafe.errors import StorageError
-from crashsafe.storage.retry import ATTEMPTS
+from crashsafe.storage.retry import ATTEMPTS, is_transient, with_retries
 
-__all__ = ["Bounds", "bounded", "bounded_s3_options", "endpoint_of", "within"]
+__all__ = ["Bounds", "bounded", "bounded_s3_options", "endpoint_of", "make_client", "within"]
 
 CONNECT_TIMEOUT = 5.0  # seconds to open a connection (s3fs's default)
 READ_TIMEOUT = 15.0  # seconds to wait for the next bytes of an answer (s3fs's default)
@@ -128,6 +128,23 @@ def within(call: Callable[..., Any], deadline: float | None) -> Callable[..., An
             ) from None
 
     return bounded_call
+
+
+def make_client(fs: Any, bounds: Bounds, where: str) -> None:
+    """Make the S3 client of ``fs`` (an s3fs file system), its tries within an attempt's deadline of
+    their own: outside a request's (its 0.2-0.5 s of CPU used one up on a loaded machine), yet bounded,
+    since its credential lookup (a credential_process, a container or instance metadata endpoint, whose
+    time-outs do not bound a trickle) may never end. Options botocore refuses name what to check."""
+    what = f"making the S3 client and finding its credentials ({where})"
+    try:
+        with_retries(within(fs.connect, bounds.deadline()), what, bounds.attempts)
+    except StorageError as exc:
+        if exc.__cause__ is None or is_transient(exc.__cause__):
+            raise  # (its message says to try again later)
+        raise StorageError(
+            f"{exc}. Check storage_options: key and secret (or profile), client_kwargs endpoint_url and "
+            "region_name, config_kwargs (docs/storage.md); nothing was read or written"
+        ) from exc.__cause__
 
 
 def endpoint_of(options: Mapping[str, Any]) -> str:

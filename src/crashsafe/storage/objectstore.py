@@ -33,7 +33,7 @@ from crashsafe.errors import CheckpointExistsError, CorruptCheckpointError, NoCh
 from crashsafe.format.manifest import MANIFEST_NAME
 from crashsafe.storage.background import IOLoop
 from crashsafe.storage.base import Capabilities, Draft, Lock, Store, StoredFile, StoredStep
-from crashsafe.storage.bounds import bounded, within
+from crashsafe.storage.bounds import bounded, make_client, within
 from crashsafe.storage.layout import LOCK_NAME, is_step_file, parse_step_name, step_name
 from crashsafe.storage.lease import LEASE_SECONDS, Lease
 from crashsafe.storage.retry import with_retries
@@ -75,10 +75,7 @@ class FsspecStore(Store):
         self.is_s3 = bool(protocols & {"s3", "s3a"})
         if self.is_s3:
             self.fs.retries = 1  # s3fs's own retry loop: crashsafe's is the one (bounds.py)
-            # The client is made before the first request, outside any request's deadline: it is local
-            # work (0.2-0.5 s of CPU parsing the service model; any credential lookup has botocore's
-            # own time-outs) that on a loaded machine ate a request's whole deadline before it began.
-            with_retries(self.fs.connect, f"making the S3 client ({self.where})", self.bounds.attempts)
+        self._client_made = not self.is_s3  # S3's is made before the first request (_call)
         self.capabilities = Capabilities(
             atomic_rename=False, conditional_put=bool(protocols & _ATOMIC_CREATE), durable_fsync=False
         )
@@ -107,12 +104,14 @@ class FsspecStore(Store):
     def background(self) -> Store:
         """The same location through an S3 client whose requests run on an event loop of its own,
         started by the calling thread (so at its CPU priority): the mirror's uploads then yield the
-        cores to training. Other backends: this store."""
+        cores to training. Other backends: this store. Never fsspec's cached client: the cache keys
+        loops by their text, and gave the next background store a client on a stopped loop."""
         if not self.is_s3:
             return self
         io = IOLoop("crashsafe-background-io")
         try:
-            store = FsspecStore(self.location, {**self._options, "loop": io.loop})
+            own = {**self._options, "loop": io.loop, "skip_instance_cache": True}
+            store = FsspecStore(self.location, own)
         except BaseException:
             io.stop()
             raise
@@ -138,8 +137,11 @@ class FsspecStore(Store):
 
     def _call(self, what: str, method: str, *args: Any, nbytes: int = 0, **kwargs: Any) -> Any:
         """``self.fs.<method>(*args, **kwargs)`` with retries, each attempt within its deadline for
-        about ``nbytes`` moved (:mod:`crashsafe.storage.bounds`); an error names ``what`` was done,
-        the location and its endpoint."""
+        about ``nbytes`` moved (:mod:`crashsafe.storage.bounds`), the S3 client made first (``make_client``);
+        an error names ``what`` was done, the location and its endpoint."""
+        if not self._client_made:  # (not in the constructor: opening a store makes no request)
+            make_client(self.fs, self.bounds, self.where)
+            self._client_made = True
         call = within(getattr(self.fs, method), self.bounds.deadline(nbytes))
         return with_retries(lambda: call(*args, **kwargs), f"{what} ({self.where})", self.bounds.attempts)
 

@@ -4,7 +4,8 @@ The trainer appends one JSON object a line (its ``pid``, the wall time ``t``, th
 fields), line-buffered, so the supervisor sees each event at once. A SIGKILL can tear the last line;
 readers skip it. Events: ``start`` (``resumed_from``: the restored step or None, ``spawned``,
 ``recovery_s``, ``restore_s``), ``step`` (``step``, ``loss``), ``committed`` (``step``, ``stall``,
-``persist``, ``stored_bytes``, ``raw_bytes``) and ``done`` (``step``, and what the trainer adds).
+``setup``: the part of the stall that allocated staging once, ``persist``, ``stored_bytes``,
+``raw_bytes``) and ``done`` (``step``, and what the trainer adds).
 """
 
 from __future__ import annotations

@@ -78,6 +78,7 @@ def train_logged(
                     "committed",
                     step=s.step,
                     stall=s.stall,
+                    setup=s.setup,
                     persist=s.persist,
                     stored_bytes=s.stored_bytes,
                     raw_bytes=s.raw_bytes,
