@@ -26,6 +26,7 @@ from typer.testing import CliRunner
 
 import crashsafe as cs
 from crashsafe.cli.app import app
+from crashsafe.storage import retry
 from crashsafe.storage.bounds import bounded_s3_options
 from crashsafe.storage.retry import is_transient, with_retries
 
@@ -37,7 +38,7 @@ runner = CliRunner()
 class SilentEndpoint:
     """A listener on 127.0.0.1 that accepts every connection and never answers (a hung proxy, a
     stalled load balancer); it counts the connections it accepted. With ``trickle`` it answers
-    each request one byte every 0.2 s, forever: within its headers (``"headers"``), or in a body
+    each request one byte every 0.05 s, forever: within its headers (``"headers"``), or in a body
     it announced as 1 MB (``"body"``; a HEAD gets 404 at once, so a listing follows). Every read
     then gets a byte well within any read time-out."""
 
@@ -76,7 +77,7 @@ class SilentEndpoint:
             while conn.recv(65536).startswith(b"HEAD") and self._trickle == "body":
                 conn.sendall(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
             conn.sendall(head)
-            while not self._closed.wait(0.2):
+            while not self._closed.wait(0.05):
                 conn.sendall(b"a" if self._trickle == "headers" else b" ")
 
     def close(self) -> None:
@@ -107,11 +108,15 @@ def _options(port: int, **config: Any) -> dict[str, Any]:
 
 
 @pytest.mark.timeout(120)
-def test_a_silent_endpoint_fails_within_its_bounds_and_names_itself(silent: SilentEndpoint) -> None:
+def test_a_silent_endpoint_fails_within_its_bounds_and_names_itself(
+    silent: SilentEndpoint, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A listener that accepts and never answers held `crashsafe ls` for over 25 minutes (91
     connections): botocore, s3fs and crashsafe each retried inside the other's attempts. Now each
     request has its time-outs and crashsafe's attempts are the only retries: two attempts, two
-    connections, and an error that names the endpoint, for a reader, a writer and the CLI."""
+    connections, and an error that names the endpoint, for a reader, a writer and the CLI. (The
+    backoff between attempts is cut to a few ms here: its length is not what this test checks.)"""
+    monkeypatch.setattr(retry, "_FIRST_DELAY", 0.005)
     bounds = {"connect_timeout": 0.3, "read_timeout": 0.3, "retries": {"total_max_attempts": 2}}
     options = _options(silent.port, **bounds)
     endpoint = f"127.0.0.1:{silent.port}"
@@ -132,12 +137,13 @@ def test_a_silent_endpoint_fails_within_its_bounds_and_names_itself(silent: Sile
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("trickle", ["headers", "body"])
 def test_an_endpoint_that_trickles_bytes_fails_within_each_attempts_deadline(trickle: str) -> None:
-    """One byte every 0.2 s never trips a read time-out, so `crashsafe ls` ran on past 90 s
-    (trickled headers) and 60 s (a trickled body). Each attempt now has a deadline, 3 × (connect +
-    read time-outs) by default: two attempts, then an error naming the endpoint and the deadline."""
+    """A byte every 0.2 s never trips a read time-out, so `crashsafe ls` ran on past 90 s (trickled
+    headers) and 60 s (a trickled body). Each attempt now has a deadline, 3 × (connect + read
+    time-outs) by default: two attempts, then an error naming the endpoint and the deadline. (Short
+    time-outs, a byte every 0.05 s against a read time-out of 0.4 s: the deadline ends each attempt.)"""
     endpoint = SilentEndpoint(trickle)
     try:
-        bounds = {"connect_timeout": 0.5, "read_timeout": 1, "retries": {"total_max_attempts": 2}}
+        bounds = {"connect_timeout": 0.3, "read_timeout": 0.4, "retries": {"total_max_attempts": 2}}
         options = json.dumps(_options(endpoint.port, **bounds))
         command = [sys.executable, "-m", "crashsafe", "ls", "s3://bucket/run", "--storage-options", options]
         started = time.monotonic()
@@ -145,7 +151,7 @@ def test_an_endpoint_that_trickles_bytes_fails_within_each_attempts_deadline(tri
         output = " ".join(done.stderr.split())
         assert done.returncode == 2 and time.monotonic() - started < 30, output
         assert f"127.0.0.1:{endpoint.port}" in output and "failed 2 times" in output, output
-        assert "deadline of 4.5 s" in output and "attempt_timeout" in output, output
+        assert "deadline of 2.1 s" in output and "attempt_timeout" in output, output
     finally:
         endpoint.close()
 
@@ -178,11 +184,15 @@ def test_an_attempts_deadline_grows_with_its_bytes(bucket: str, options: dict[st
         proxy.close()
 
 
-def test_an_unreachable_endpoint_fails_at_once_and_a_read_claims_nothing_of_commits() -> None:
+def test_an_unreachable_endpoint_fails_at_once_and_a_read_claims_nothing_of_commits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A refused connection took 38 s to fail (retries inside retries), and `ls` and `verify`
     said "Nothing was committed", which means nothing for a read; over ``http://`` they said the
     location "does not exist" (fsspec's HTTP file system calls a refused connection not found).
-    Now: crashsafe's five attempts, an error naming the endpoint and saying it refused."""
+    Now: crashsafe's five attempts, an error naming the endpoint and saying it refused. (The backoff
+    between attempts is cut to a few ms here: its length is not what this test checks.)"""
+    monkeypatch.setattr(retry, "_FIRST_DELAY", 0.005)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]  # closed again: nothing listens there

@@ -248,7 +248,7 @@ def test_a_mirror_whose_lease_expired_in_an_outage_uploads_again(
     once the mirror answers, and the waiting steps are uploaded."""
     monkeypatch.setattr(objectstore, "LEASE_SECONDS", 1.5)
     client = {**options["client_kwargs"], "endpoint_url": proxy.endpoint}
-    flaky = {**options, "client_kwargs": client}
+    flaky = {**options, "client_kwargs": client, "config_kwargs": {"retries": {"total_max_attempts": 2}}}
     mirror = f"s3://{bucket}/run"
     with cs.CheckpointManager(tmp_path / "local", keep_last=1, mirror=mirror, storage_options=flaky) as mgr:
         mgr.save(1, _state(1))
