@@ -1,5 +1,5 @@
 """Launch the ranks of a real torch.distributed job (gloo on 127.0.0.1) as separate processes
-(forked from processes that imported torch once: forks.py)."""
+(forked from processes that imported torch once: tests/forks.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from .forks import Forked, Zygotes
+from ..forks import Forked, Zygotes
 
 SCRIPTS = Path(__file__).parent / "scripts"
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -48,7 +48,7 @@ class Ranks:
                 "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1", **env_of.get(rank, {}),
             }  # fmt: skip
             log = open(tmp / f"rank{rank}-{port}.log", "w")  # noqa: SIM115 - closed in wait()
-            proc = Forked(zygotes.of(rank), [str(SCRIPTS / script), *map(str, args)], env, log.fileno())
+            proc = Forked(zygotes, rank, [str(SCRIPTS / script), *map(str, args)], env, log.fileno())
             self.procs.append((proc, log))
 
     def wait(self, timeout: float = 120) -> list[int]:
@@ -74,16 +74,6 @@ class Ranks:
         for rank, (proc, _) in enumerate(self.procs):
             if ranks is None or rank in ranks:
                 proc.kill()
-
-
-@pytest.fixture(scope="session")
-def zygotes() -> Iterator[Zygotes]:
-    """The processes every rank is forked from (forks.py), for the whole session."""
-    started = Zygotes({**os.environ, "PYTHONPATH": PATH, "OMP_NUM_THREADS": "1"})
-    try:
-        yield started
-    finally:
-        started.close()
 
 
 @pytest.fixture

@@ -1,9 +1,11 @@
-"""Ranks forked from a process that imported torch once (zygote.py), instead of each rank importing
-it again: 2 s of CPU a rank, 4 s of a 4-rank launch on 2 cores. Each rank is still its own process,
-started by fork as multiprocessing's forkserver starts one, with its own pid, environment, stdout,
+"""Test processes that use torch, forked from a process that imported it once (zygote.py) instead of
+each importing it again: 2 s of CPU a process, 4 s of a 4-rank launch on 2 cores. Each is still its
+own process, started by fork as multiprocessing's forkserver starts one (the integration tests'
+forkserver does so for Lightning), with its own pid, environment, working directory, stdout,
 stderr, exit code and signals; crashsafe is imported in it, never in the zygote. Rank r of every
 launch forks from zygote r (started at its first use), so the ranks of one launch differ in their
-string hashes (PYTHONHASHSEED) as processes started apart do."""
+string hashes (PYTHONHASHSEED) as processes started apart do; OMP_NUM_THREADS, which torch reads
+when it is imported, picks a zygote started with the same."""
 
 from __future__ import annotations
 
@@ -52,11 +54,11 @@ class Zygote:
                 self._changed.notify_all()
 
     def spawn(self, argv: list[str], env: dict[str, str], stdout: int, stderr: int) -> int:
-        """The pid of a new child running ``python *argv`` with ``env``, its stdout and stderr on
-        these file descriptors (closed here: the child has its own)."""
+        """The pid of a new child running ``python *argv`` with ``env`` in this working directory, its
+        stdout and stderr on these file descriptors (closed here: the child has its own)."""
         with self._spawning, self._changed:
             try:
-                request = json.dumps({"argv": argv, "env": env}).encode()
+                request = json.dumps({"argv": argv, "env": env, "cwd": os.getcwd()}).encode()
                 socket.send_fds(self._conn, [request], [stdout, stderr])
             finally:
                 os.close(stdout)
@@ -71,8 +73,12 @@ class Zygote:
             self._changed.wait_for(lambda: pid in self._codes, timeout=timeout)
             return self._codes.get(pid)
 
-    def close(self) -> None:
+    def stop(self) -> None:
+        """Tell the zygote to end (its children go on)."""
         self._conn.shutdown(socket.SHUT_RDWR)  # the zygote, and the listening thread, see the end
+
+    def close(self) -> None:
+        self.stop()
         self._listener.join(30)
         self._conn.close()
         try:
@@ -87,28 +93,35 @@ class Zygote:
 
 
 class Zygotes:
-    """Zygote r for the ranks r of every launch, each started at its first use (environment ``env``:
-    what torch reads when it is imported must be the same for every rank)."""
+    """Zygote r for the ranks r of every launch (and OMP_NUM_THREADS, which torch reads when it is
+    imported), each started at its first use."""
 
-    def __init__(self, env: dict[str, str]) -> None:
-        self._env = env
-        self._started: dict[int, Zygote] = {}
+    def __init__(self) -> None:
+        self._started: dict[tuple[int, str | None], Zygote] = {}
 
-    def of(self, rank: int) -> Zygote:
-        if rank not in self._started:
-            self._started[rank] = Zygote(self._env)
-        return self._started[rank]
+    def of(self, rank: int, threads: str | None) -> Zygote:
+        if (rank, threads) not in self._started:
+            env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+            self._started[rank, threads] = Zygote(
+                env if threads is None else {**env, "OMP_NUM_THREADS": threads}
+            )
+        return self._started[rank, threads]
 
     def close(self) -> None:
+        for zygote in self._started.values():
+            zygote.stop()  # (all at once: each takes a while to end)
         for zygote in self._started.values():
             zygote.close()
 
 
 class Forked:
-    """One child forked by a zygote, used as a ``subprocess.Popen`` with a piped text stdout."""
+    """``python *argv`` with ``env``, forked by zygote ``rank``, used as a ``subprocess.Popen`` with a
+    piped text stdout; its stderr goes to the file descriptor ``stderr`` (a log)."""
 
-    def __init__(self, zygote: Zygote, argv: list[str], env: dict[str, str], stderr: int) -> None:
-        self._zygote = zygote
+    def __init__(
+        self, zygotes: Zygotes, rank: int, argv: list[str], env: dict[str, str], stderr: int
+    ) -> None:
+        self._zygote = zygote = zygotes.of(rank, env.get("OMP_NUM_THREADS"))
         read, write = os.pipe()
         self.pid = zygote.spawn(argv, env, write, os.dup(stderr))
         self.stdout: Any = open(read)  # noqa: SIM115 - closed by its reader, as a Popen's

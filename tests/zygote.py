@@ -1,11 +1,12 @@
-"""A process that imports torch once and forks ranks of the tests' launches from itself, so that
-each rank skips the 2 s of CPU that importing torch takes (forks.py starts it and asks for them).
+"""A process that imports torch once and forks test processes from itself, so that each skips the
+2 s of CPU that importing torch takes (forks.py starts it and asks for them).
 
 Usage: zygote.py SOCKET. It serves one connection on the Unix socket SOCKET: each request (a JSON
-object with the script's argv and environment, and two file descriptors for its stdout and stderr)
-forks a child that runs the script as ``python SCRIPT ARGS`` would (``__main__``, its directory
-first on sys.path, PYTHONUNBUFFERED and PYTHONFAULTHANDLER honoured, exit code from SystemExit, 1
-on an uncaught exception, the interpreter's usual shutdown); the answer is the child's pid, and
+object with the script's argv, environment and working directory, and two file descriptors for its
+stdout and stderr) forks a child that runs the script as ``python SCRIPT ARGS`` would (``__main__``,
+its directory then PYTHONPATH first on sys.path, PYTHONUNBUFFERED and PYTHONFAULTHANDLER honoured,
+exit code from SystemExit, 1 on an uncaught exception, the interpreter's usual shutdown); the
+answer is the child's pid, and
 each child's exit is sent as it is reaped (its code, or minus the signal that ended it, as Popen).
 Only torch and numpy are imported here, never crashsafe: crashsafe reads its fault-injection
 environment (CRASHSAFE_KILL_AT) when it is imported, in each child. Single-threaded, so forking
@@ -32,6 +33,16 @@ import torch.distributed.device_mesh
 import torch.distributed.fsdp  # noqa: F401
 
 
+def _pythonpath() -> list[str]:
+    """PYTHONPATH's directories, absolute, each once, as the interpreter puts them on sys.path."""
+    found = [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return list(dict.fromkeys(found))
+
+
+# sys.path past the script's directory and PYTHONPATH: the interpreter's own (stdlib, site-packages)
+_BASE = [p for p in sys.path[1:] if os.path.abspath(p) not in _pythonpath()]
+
+
 def _run(request: dict[str, Any], out: int, err: int) -> int:
     """In the forked child: run the script with its own argv, environment, stdout and stderr."""
     os.dup2(out, 1)
@@ -43,6 +54,7 @@ def _run(request: dict[str, Any], out: int, err: int) -> int:
     os.close(null)
     os.environ.clear()
     os.environ.update(request["env"])
+    os.chdir(request["cwd"])
     unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
     for fd, name in ((1, "stdout"), (2, "stderr")):
         raw = io.FileIO(fd, "w", closefd=False)
@@ -60,7 +72,7 @@ def _run(request: dict[str, Any], out: int, err: int) -> int:
         sys.modules["numpy.random"].seed()  # reseeded by fork itself)
     script = request["argv"][0]
     sys.argv = list(request["argv"])
-    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    sys.path[:] = [os.path.dirname(os.path.abspath(script)), *_pythonpath(), *_BASE]
     try:
         runpy.run_path(script, run_name="__main__")
     except SystemExit as exc:
