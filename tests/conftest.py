@@ -1,5 +1,6 @@
 """Fixtures for every test directory: a real S3 API on 127.0.0.1 (moto's ThreadedMotoServer), started
-only by a test module that asks for it and stopped after that module, and a bucket per test."""
+only by a test module that asks for it and stopped after that module, and a bucket per test; the
+processes that test processes using torch are forked from (forks.py), started at their first use."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
+from .forks import Zygotes
 
 
 def free_port() -> int:
@@ -58,3 +61,13 @@ def bucket(s3_endpoint: str) -> str:
 @pytest.fixture
 def options(s3_endpoint: str) -> dict[str, Any]:
     return s3_options(s3_endpoint)
+
+
+@pytest.fixture(scope="session")
+def zygotes() -> Iterator[Zygotes]:
+    """Processes that imported torch once, to fork test processes from (forks.py), for the session."""
+    started = Zygotes()
+    try:
+        yield started
+    finally:
+        started.close()

@@ -4,11 +4,10 @@ SIGKILLs."""
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
 import signal
-import subprocess
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -22,6 +21,8 @@ from typer.testing import CliRunner
 import crashsafe as cs
 from crashsafe.codecs import LC, DeltaCodec, Incremental, Reference, Scar, TopN
 from crashsafe.storage.layout import step_dir
+
+from ..forks import Forked, Zygotes
 
 HERE = Path(__file__).parent
 
@@ -118,8 +119,10 @@ def test_a_restart_starts_new_chains_and_old_ones_still_restore(tmp_path: Path) 
         with cs.CheckpointManager(tmp_path, keep_last=10, codec=CODECS) as mgr:
             mgr.save(step, {"model": model, "optim": optim})
             mgr.save(step + 100, {"model": model, "optim": optim})
-    bases = {s: {e.base for e in cs.CheckpointManager(tmp_path, read_only=True).manifest(s).payloads}
-             for s in (0, 100, 3, 103)}
+    bases = {
+        s: {e.base for e in cs.CheckpointManager(tmp_path, read_only=True).manifest(s).payloads}
+        for s in (0, 100, 3, 103)
+    }
     assert bases[0] == {None} and bases[3] == {None}  # first save of each manager is full
     assert bases[100] == {0} and bases[103] == {3}
     reader = cs.CheckpointManager(tmp_path, read_only=True)
@@ -349,29 +352,28 @@ def test_show_prints_codecs_bases_and_ratios(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(240)
-def test_sigkills_while_saving_delta_chains_leave_every_committed_step_restorable(tmp_path: Path) -> None:
+def test_sigkills_while_saving_delta_chains_leave_every_committed_step_restorable(
+    tmp_path: Path, zygotes: Zygotes
+) -> None:
+    """Six SIGKILLs of a training process saving LC and incremental delta chains, then a run to the
+    end: every committed step restores. (Each process is forked with torch imported: forks.py.)"""
     rng = random.Random(99)
-    total = 60
-    for _ in range(6):
-        child = subprocess.Popen(
-            [sys.executable, str(HERE / "scripts" / "lc_train.py"), str(tmp_path), str(total)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        assert child.stdout is not None
-        child.stdout.readline()  # running and saving
-        time.sleep(rng.uniform(0.0, 0.4))
-        child.send_signal(signal.SIGKILL)
-        child.wait(timeout=60)
-    finish = subprocess.run(
-        [sys.executable, str(HERE / "scripts" / "lc_train.py"), str(tmp_path), str(total)],
-        capture_output=True, text=True, timeout=120,
-    )
-    assert finish.returncode == 0, finish.stderr
-    report = cs.verify(tmp_path)
+    total, directory = 60, tmp_path / "ckpt"
+    argv, env = [str(HERE / "scripts" / "lc_train.py"), str(directory), str(total)], dict(os.environ)
+    with open(tmp_path / "stderr.log", "w+") as log:
+        for _ in range(6):
+            child = Forked(zygotes, 0, argv, env, log.fileno())
+            child.stdout.readline()  # running and saving
+            time.sleep(rng.uniform(0.0, 0.4))
+            child.send_signal(signal.SIGKILL)
+            child.wait(timeout=60)
+            child.stdout.close()
+        finish = Forked(zygotes, 0, argv, env, log.fileno())
+        finish.communicate(timeout=120)
+        assert finish.returncode == 0, log.seek(0) or log.read()[-3000:]
+    report = cs.verify(directory)
     assert report.ok
-    reader = cs.CheckpointManager(tmp_path, read_only=True)
+    reader = cs.CheckpointManager(directory, read_only=True)
     assert reader.latest_step() == total - 1
     for step in reader.steps():
         assert reader.load(step)["step"] == step

@@ -1,16 +1,17 @@
-"""Launch the ranks of a real torch.distributed job (gloo on 127.0.0.1) as separate processes."""
+"""Launch the ranks of a real torch.distributed job (gloo on 127.0.0.1) as separate processes
+(forked from processes that imported torch once: tests/forks.py)."""
 
 from __future__ import annotations
 
 import os
 import socket
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from ..forks import Forked, Zygotes
 
 SCRIPTS = Path(__file__).parent / "scripts"
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -30,7 +31,13 @@ class Ranks:
     """The processes of one launch of a job: one per rank."""
 
     def __init__(
-        self, script: str, world: int, args: list[Any], tmp: Path, env_of: dict[int, dict[str, str]]
+        self,
+        script: str,
+        world: int,
+        args: list[Any],
+        tmp: Path,
+        env_of: dict[int, dict[str, str]],
+        zygotes: Zygotes,
     ) -> None:
         port = free_port()
         self.procs = []
@@ -41,10 +48,7 @@ class Ranks:
                 "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1", **env_of.get(rank, {}),
             }  # fmt: skip
             log = open(tmp / f"rank{rank}-{port}.log", "w")  # noqa: SIM115 - closed in wait()
-            proc = subprocess.Popen(
-                [sys.executable, str(SCRIPTS / script), *map(str, args)], env=env, stdout=subprocess.PIPE,
-                stderr=log, text=True,
-            )  # fmt: skip
+            proc = Forked(zygotes, rank, [str(SCRIPTS / script), *map(str, args)], env, log.fileno())
             self.procs.append((proc, log))
 
     def wait(self, timeout: float = 120) -> list[int]:
@@ -73,13 +77,13 @@ class Ranks:
 
 
 @pytest.fixture
-def launch(tmp_path: Path) -> Iterator[Any]:
+def launch(tmp_path: Path, zygotes: Zygotes) -> Iterator[Any]:
     """``launch(script, world, *args, env_of={rank: env})`` starts the ranks (one process each, with
     extra environment for some); every launch is killed at teardown."""
     started: list[Ranks] = []
 
     def start(script: str, world: int, *args: Any, env_of: dict[int, dict[str, str]] | None = None) -> Ranks:
-        ranks = Ranks(script, world, list(args), tmp_path, env_of or {})
+        ranks = Ranks(script, world, list(args), tmp_path, env_of or {}, zygotes)
         started.append(ranks)
         return ranks
 
