@@ -246,7 +246,9 @@ def test_a_mirror_whose_lease_expired_in_an_outage_uploads_again(
     "this writer stopped", and nothing was uploaded again once the mirror was back (a new machine
     restored step 1 of 10). Now the lease, still naming this writer (no other took over), is renewed
     once the mirror answers, and the waiting steps are uploaded."""
-    monkeypatch.setattr(objectstore, "LEASE_SECONDS", 1.5)
+    # 3 s: a lease of 1.5 s expired in the full suite before the mirror's first upload was done (making
+    # its two S3 clients and moto's answers hold the GIL from the renewing thread for over a second)
+    monkeypatch.setattr(objectstore, "LEASE_SECONDS", 3.0)
     client = {**options["client_kwargs"], "endpoint_url": proxy.endpoint}
     flaky = {**options, "client_kwargs": client, "config_kwargs": {"retries": {"total_max_attempts": 2}}}
     mirror = f"s3://{bucket}/run"
@@ -257,7 +259,7 @@ def test_a_mirror_whose_lease_expired_in_an_outage_uploads_again(
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             mgr.save(2, _state(2))
-            time.sleep(2.5)  # the outage outlasts the lease
+            time.sleep(4.0)  # the outage outlasts the lease
             mgr.save(3, _state(3))
             assert not mgr.wait_mirror(timeout=60)
             proxy.fault("pass", 0)  # the mirror is back
